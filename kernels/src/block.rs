@@ -1,0 +1,104 @@
+//! Warp- and block-wide reductions used by the row kernels.
+
+use crate::arch;
+
+/// Maximum of `v` over the warp; every lane gets it.
+#[inline(always)]
+pub fn warp_max_u64(mut v: u64) -> u64 {
+    let mut m = 16;
+    while m > 0 {
+        let lo = arch::shfl_bfly_u32(v as u32, m);
+        let hi = arch::shfl_bfly_u32((v >> 32) as u32, m);
+        let o = (u64::from(hi) << 32) | u64::from(lo);
+        if o > v {
+            v = o;
+        }
+        m >>= 1;
+    }
+    v
+}
+
+/// Maximum of `v` over the block; every thread gets it.
+///
+/// # Safety
+/// Every thread of the block calls it; `smem` points to at least
+/// `block_dim / 32 + 1` u64 of shared memory no one else uses meanwhile.
+#[inline(always)]
+pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
+    let tid = arch::thread_idx_x();
+    let warps = arch::block_dim_x() / 32;
+    let v = warp_max_u64(v);
+    // SAFETY: indices below `warps` are inside `smem` (caller's contract).
+    unsafe {
+        if tid % 32 == 0 {
+            *smem.add((tid / 32) as usize) = v;
+        }
+        arch::bar_sync();
+        let mut r = if tid < warps { *smem.add(tid as usize) } else { 0 };
+        if tid < 32 {
+            r = warp_max_u64(r);
+            if tid == 0 {
+                *smem.add(warps as usize) = r;
+            }
+        }
+        arch::bar_sync();
+        let out = *smem.add(warps as usize);
+        arch::bar_sync();
+        out
+    }
+}
+
+/// Online log-sum-exp state in base 2: `sum = Σ 2^(x - max)`.
+#[derive(Clone, Copy)]
+pub struct Lse2 {
+    pub max: f32,
+    pub sum: f32,
+}
+
+impl Lse2 {
+    pub const EMPTY: Lse2 = Lse2 { max: f32::NEG_INFINITY, sum: 0.0 };
+
+    /// Adds one finite value.
+    #[inline(always)]
+    pub fn push(&mut self, x: f32) {
+        if x > self.max {
+            self.sum = self.sum * arch::ex2_approx_f32(self.max - x) + 1.0;
+            self.max = x;
+        } else {
+            self.sum += arch::ex2_approx_f32(x - self.max);
+        }
+    }
+
+    /// Merges another state (either may be empty).
+    #[inline(always)]
+    pub fn merge(self, o: Lse2) -> Lse2 {
+        if o.sum == 0.0 {
+            return self;
+        }
+        if self.sum == 0.0 {
+            return o;
+        }
+        let max = if o.max > self.max { o.max } else { self.max };
+        Lse2 {
+            max,
+            sum: self.sum * arch::ex2_approx_f32(self.max - max)
+                + o.sum * arch::ex2_approx_f32(o.max - max),
+        }
+    }
+
+    /// Merges the states of the warp (butterfly: every lane gets the same
+    /// bits, since `merge` is symmetric).
+    #[inline(always)]
+    pub fn warp_merge(mut self) -> Lse2 {
+        let mut m = 16;
+        while m > 0 {
+            let o = Lse2 {
+                max: f32::from_bits(arch::shfl_bfly_u32(self.max.to_bits(), m)),
+                sum: f32::from_bits(arch::shfl_bfly_u32(self.sum.to_bits(), m)),
+            };
+            self = self.merge(o);
+            m >>= 1;
+        }
+        self
+    }
+}

@@ -1,0 +1,49 @@
+//! Device code of flashsample, written in Rust and compiled to PTX by
+//! `cargo xtask build-ptx`, and the portable math it shares with the host.
+//!
+//! The portable modules ([`philox`], [`noise`], [`radix`], [`sample`],
+//! [`params`]) build for every target and are unit-tested on the CPU; the
+//! host crate's CPU backend calls the very same functions, so the device and
+//! the CPU draw bit-identical random numbers. The kernels themselves (and the
+//! [`arch`] wrappers of single PTX instructions) exist only when compiling
+//! for `nvptx64-nvidia-cuda`.
+#![no_std]
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, gpu_launch_sized_workgroup_mem, gpu_intrinsics)
+)]
+
+#[cfg(target_arch = "nvptx64")]
+mod block;
+pub mod noise;
+pub mod params;
+pub mod philox;
+pub mod radix;
+pub mod sample;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod arch;
+#[cfg(target_arch = "nvptx64")]
+mod sampling;
+#[cfg(target_arch = "nvptx64")]
+mod softmax;
+
+/// Entry points every PTX module must define (checked by `xtask build-ptx`
+/// and loaded by the host).
+pub const ENTRY_POINTS: &[&str] = &[
+    "sampling_from_logits_f32",
+    "sampling_from_logits_bf16",
+    "softmax_stats_f32",
+    "softmax_write_f32",
+    "gumbel_filter_error_probe",
+];
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // Unreachable in well-formed kernels: `xtask build-ptx` rejects any
+    // module that still references a panic path.
+    unsafe { core::arch::asm!("trap;", options(noreturn)) }
+}

@@ -1,0 +1,392 @@
+//! `sampling_from_logits`: one token per row of a `[batch, vocab]` logits
+//! tensor by Gumbel-max, `argmax_j x_j / T + G_j`, with `G_j` the Gumbel noise
+//! of the row's Philox stream at (seed, offset, j).
+//!
+//! # Launch
+//! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
+//! shared memory `(ROW_THREADS / 32 + 2) * 8` bytes. With more than one block
+//! per row, the last block to finish (an acq_rel ticket on `counters[row]`)
+//! reduces the row's partial maxima and resets its counter to 0.
+//!
+//! # Safety (caller)
+//! `logits` holds `batch` rows of `split.row_stride` elements with `vocab`
+//! readable; `temperature`, `seed`, `offset`, `tokens`, `valid` and
+//! `counters` hold `batch` elements, `partial` `batch * ctas_per_row`;
+//! `counters` is zero before the launch (every launch leaves it zero);
+//! `ctas_per_row <= ROW_THREADS`; no other launch uses `partial` or
+//! `counters` at the same time.
+
+use crate::arch;
+use crate::block;
+use crate::noise::{self, GUMBEL_APPROX_ERR};
+use crate::params::{ROW_THREADS, RowSplit};
+use crate::philox;
+use crate::sample;
+
+const LN2: f32 = core::f32::consts::LN_2;
+
+/// Gumbel noise from the hardware logarithm (`lg2.approx`): cheap, within
+/// [`GUMBEL_APPROX_ERR`] of the exact value, used only to skip tokens that
+/// cannot win.
+#[inline(always)]
+fn gumbel_approx(bits: u32) -> f32 {
+    let (t, upper) = noise::split_unit(bits);
+    // E = -ln u; u = 1 - t in the upper half, where a short series keeps the
+    // relative precision of tiny t (error below t^4 / 5 <= 3.1e-6).
+    let e_series = t * (1.0 + t * (0.5 + t * (1.0 / 3.0 + t * 0.25)));
+    let w = if upper { 1.0 - t } else { t };
+    let e_log = -LN2 * arch::lg2_approx_f32(w);
+    let e = if upper && t < 0.0625 { e_series } else { e_log };
+    -LN2 * arch::lg2_approx_f32(e)
+}
+
+/// The approximate score a token must reach to be worth an exact look, given
+/// the best approximate score `a` seen so far (see [`Race::visit`]).
+#[inline(always)]
+fn threshold(a: f32) -> f32 {
+    if a == f32::INFINITY {
+        f32::INFINITY
+    } else {
+        let mag = if a < 0.0 { -a } else { a };
+        a - (2.0 * GUMBEL_APPROX_ERR + (mag + 1.0) * (1.0 / 2_097_152.0))
+    }
+}
+
+/// One thread's share of a row's Gumbel-max race.
+///
+/// Exactness of the filter: each score is computed approximately (`a`) and,
+/// if `a >= threshold(best a so far)`, exactly (`e`). With `|a - e| <= d`
+/// (noise error plus f32 rounding, which `threshold`'s margin exceeds), the
+/// thread's exact winner `w` satisfies `a_w >= e_w - d >= e_k - d >= a_k - 2d`
+/// for every earlier `k`, so it is always looked at exactly: the thread's
+/// exact maximum is the same as without the filter.
+struct Race {
+    greedy: bool,
+    inv_t: f32,
+    key: [u32; 2],
+    offset: u64,
+    best: u64,
+    best_a: f32,
+    thr: f32,
+}
+
+impl Race {
+    #[inline(always)]
+    fn new(temperature: f32, seed: u64, offset: u64) -> Race {
+        Race {
+            greedy: sample::is_greedy(temperature),
+            inv_t: 1.0 / temperature,
+            key: philox::seed_key(seed),
+            offset,
+            best: 0,
+            best_a: f32::NEG_INFINITY,
+            thr: f32::NEG_INFINITY,
+        }
+    }
+
+    #[inline(always)]
+    fn visit(&mut self, x: f32, bits: u32, j: u32) {
+        let a = if x == f32::INFINITY {
+            f32::INFINITY
+        } else {
+            x * self.inv_t + gumbel_approx(bits)
+        };
+        if a >= self.thr {
+            let k = sample::gumbel_key(x, self.inv_t, bits, j);
+            if k > self.best {
+                self.best = k;
+            }
+            if a > self.best_a {
+                self.best_a = a;
+                self.thr = threshold(a);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn visit_greedy(&mut self, x: f32, j: u32) {
+        let k = sample::greedy_key(x, j);
+        if k > self.best {
+            self.best = k;
+        }
+    }
+
+    /// Four consecutive tokens `j .. j + 4`, `j` a multiple of 4 (one Philox
+    /// call covers them).
+    #[inline(always)]
+    fn visit4(&mut self, x: [f32; 4], j: u32) {
+        if self.greedy {
+            for (i, &xi) in x.iter().enumerate() {
+                self.visit_greedy(xi, j + i as u32);
+            }
+        } else {
+            let r = philox::token_noise_group(self.key, self.offset, j >> 2);
+            for i in 0..4 {
+                self.visit(x[i], r[i], j + i as u32);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn visit1(&mut self, x: f32, j: u32) {
+        if self.greedy {
+            self.visit_greedy(x, j);
+        } else {
+            self.visit(x, philox::token_noise(self.key, self.offset, j), j);
+        }
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(h: u32) -> f32 {
+    f32::from_bits(h << 16)
+}
+
+/// Loads of one element type: 16-byte vectors of `LANES` elements.
+trait Elem {
+    const LANES: u32;
+    /// # Safety
+    /// `p` is 16-byte aligned with 16 readable bytes.
+    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race);
+    /// # Safety
+    /// `p` points to one readable element.
+    unsafe fn load1(p: *const u8) -> f32;
+    const BYTES: usize;
+}
+
+struct F32;
+struct Bf16;
+
+impl Elem for F32 {
+    const LANES: u32 = 4;
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race) {
+        // SAFETY: caller's contract.
+        let v = unsafe { arch::ld_global_nc_v4_u32(p as *const u32) };
+        race.visit4(v.map(f32::from_bits), j);
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: caller's contract.
+        f32::from_bits(unsafe { arch::ld_global_nc_u32(p as *const u32) })
+    }
+}
+
+impl Elem for Bf16 {
+    const LANES: u32 = 8;
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race) {
+        // SAFETY: caller's contract.
+        let v = unsafe { arch::ld_global_nc_v4_u32(p as *const u32) };
+        let lo = [v[0] & 0xffff, v[0] >> 16, v[1] & 0xffff, v[1] >> 16];
+        let hi = [v[2] & 0xffff, v[2] >> 16, v[3] & 0xffff, v[3] >> 16];
+        race.visit4(lo.map(bf16_to_f32), j);
+        race.visit4(hi.map(bf16_to_f32), j + 4);
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: caller's contract.
+        bf16_to_f32(u32::from(unsafe { arch::ld_global_nc_u16(p as *const u16) }))
+    }
+}
+
+/// Vectors in flight per thread before the first is used.
+const UNROLL: u32 = 4;
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn sampling_from_logits<E: Elem>(
+    logits: *const u8,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    partial: *mut u64,
+    counters: *mut u32,
+    split: RowSplit,
+) {
+    let tid = arch::thread_idx_x();
+    let c = arch::block_idx_x();
+    let row = arch::block_idx_y();
+    let smem = arch::dynamic_shared::<u64>();
+    // SAFETY: the launch contract in the module docs covers every access.
+    unsafe {
+        let r = row as usize;
+        let mut race = Race::new(*temperature.add(r), *seed.add(r), *offset.add(r));
+        let lo = c * split.chunk;
+        let hi = if lo + split.chunk < split.vocab { lo + split.chunk } else { split.vocab };
+        let row_ptr = logits.add(r * split.row_stride as usize * E::BYTES);
+        let lanes = E::LANES;
+        let aligned = (row_ptr as usize) % 16 == 0 && split.vocab % lanes == 0;
+        if aligned {
+            // Chunks are multiples of 8 elements: every block starts aligned.
+            let nvec = (hi - lo) / lanes;
+            let mut v = tid;
+            while v < nvec {
+                let mut k = 0;
+                while k < UNROLL {
+                    let vi = v + k * ROW_THREADS;
+                    if vi < nvec {
+                        let j = lo + vi * lanes;
+                        E::visit_vec(row_ptr.add(j as usize * E::BYTES), j, &mut race);
+                    }
+                    k += 1;
+                }
+                v += UNROLL * ROW_THREADS;
+            }
+        } else {
+            let mut j = lo + tid;
+            while j < hi {
+                race.visit1(E::load1(row_ptr.add(j as usize * E::BYTES)), j);
+                j += ROW_THREADS;
+            }
+        }
+        let best = block::block_max_u64(race.best, smem);
+        finish_row(best, row, c, split.ctas_per_row, tokens, valid, partial, counters, smem);
+    }
+}
+
+/// Writes a row's token from its blocks' maxima: directly with one block per
+/// row, else through `partial` and the last-block ticket.
+///
+/// # Safety
+/// Called by every thread of the block with the block's maximum; the
+/// pointers satisfy the kernel's launch contract.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn finish_row(
+    best: u64,
+    row: u32,
+    c: u32,
+    ctas_per_row: u32,
+    tokens: *mut u32,
+    valid: *mut u8,
+    partial: *mut u64,
+    counters: *mut u32,
+    smem: *mut u64,
+) {
+    let tid = arch::thread_idx_x();
+    let r = row as usize;
+    // SAFETY: the launch contract covers every access.
+    unsafe {
+        let winner = if ctas_per_row == 1 {
+            best
+        } else {
+            let flag = smem.add((ROW_THREADS / 32 + 1) as usize);
+            if tid == 0 {
+                *partial.add(r * ctas_per_row as usize + c as usize) = best;
+                arch::fence_acq_rel_gpu();
+                let ticket = arch::atom_add_acq_rel_gpu_u32(counters.add(r), 1);
+                *flag = u64::from(ticket == ctas_per_row - 1);
+            }
+            arch::bar_sync();
+            if *flag == 0 {
+                return;
+            }
+            arch::fence_acq_rel_gpu();
+            let mut m = 0u64;
+            let mut i = tid;
+            while i < ctas_per_row {
+                let p = arch::ld_relaxed_gpu_u64(partial.add(r * ctas_per_row as usize + i as usize));
+                if p > m {
+                    m = p;
+                }
+                i += ROW_THREADS;
+            }
+            let m = block::block_max_u64(m, smem);
+            if tid == 0 {
+                *counters.add(r) = 0;
+            }
+            m
+        };
+        if tid == 0 {
+            let ok = sample::is_valid(winner);
+            *tokens.add(r) = if ok { sample::token(winner) } else { 0 };
+            *valid.add(r) = u8::from(ok);
+        }
+    }
+}
+
+/// `sampling_from_logits` over f32 logits (see the module docs).
+///
+/// # Safety
+/// See the module docs.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn sampling_from_logits_f32(
+    logits: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    partial: *mut u64,
+    counters: *mut u32,
+    split: RowSplit,
+) {
+    // SAFETY: forwarded launch contract.
+    unsafe {
+        sampling_from_logits::<F32>(
+            logits as *const u8, temperature, seed, offset, tokens, valid, partial, counters, split,
+        )
+    }
+}
+
+/// `sampling_from_logits` over bf16 logits (see the module docs).
+///
+/// # Safety
+/// See the module docs.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn sampling_from_logits_bf16(
+    logits: *const u16,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    partial: *mut u64,
+    counters: *mut u32,
+    split: RowSplit,
+) {
+    // SAFETY: forwarded launch contract.
+    unsafe {
+        sampling_from_logits::<Bf16>(
+            logits as *const u8, temperature, seed, offset, tokens, valid, partial, counters, split,
+        )
+    }
+}
+
+/// Test kernel: the largest `|gumbel_approx(w) - gumbel_from_bits(w)|` over
+/// the words `w = first + i` for `i < count`, as f32 bits, max-ed into
+/// `out[0]`.
+///
+/// # Launch
+/// Any 1-D grid of 1-D blocks; no shared memory.
+///
+/// # Safety
+/// `out` is one writable u32 in global memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn gumbel_filter_error_probe(out: *mut u32, first: u32, count: u32) {
+    let n = arch::grid_dim_x() * arch::block_dim_x();
+    let mut i = arch::block_idx_x() * arch::block_dim_x() + arch::thread_idx_x();
+    let mut worst = 0.0f32;
+    while i < count {
+        let w = first.wrapping_add(i);
+        let d = gumbel_approx(w) - noise::gumbel_from_bits(w);
+        let d = if d < 0.0 { -d } else { d };
+        if !(d <= worst) {
+            worst = d; // NaN sticks
+        }
+        i = match i.checked_add(n) {
+            Some(v) => v,
+            None => break,
+        };
+    }
+    // SAFETY: caller's contract; non-negative f32 bits order as u32 (NaN
+    // above everything).
+    unsafe { arch::atom_max_u32(out, worst.to_bits()) };
+}

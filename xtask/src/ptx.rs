@@ -1,0 +1,112 @@
+//! Building the kernels crate into one PTX module per target architecture.
+//!
+//! Shared by `cargo xtask build-ptx` and the host crate's build script (which
+//! includes this file with `#[path]`), so both build PTX the same way.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A PTX target: the module's name, `-C target-cpu`, and extra target
+/// features.
+pub struct Arch {
+    pub name: &'static str,
+    pub cpu: &'static str,
+    pub features: &'static str,
+}
+
+/// Every architecture the host embeds. `sm_80` is the portable module (the
+/// driver JIT-compiles it for any later GPU); `sm_90a` unlocks Hopper-only
+/// instructions (wgmma, setmaxnreg) and runs only on compute capability 9.0.
+pub const ARCHES: &[Arch] = &[
+    Arch { name: "sm_80", cpu: "sm_80", features: "" },
+    Arch { name: "sm_89", cpu: "sm_89", features: "" },
+    Arch { name: "sm_90", cpu: "sm_90", features: "+ptx80" },
+    Arch { name: "sm_90a", cpu: "sm_90a", features: "+ptx80" },
+];
+
+/// Environment variables of an outer cargo that must not leak into the
+/// nested PTX build (they would retarget or reconfigure it).
+const SCRUB_ENV: &[&str] = &[
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "RUSTFLAGS",
+    "CARGO_BUILD_RUSTFLAGS",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_MAKEFLAGS",
+    "CARGO_PROFILE_RELEASE_DEBUG",
+    "CARGO_PRIMARY_PACKAGE",
+    "RUSTDOCFLAGS",
+    "CARGO_LLVM_COV",
+    "LLVM_PROFILE_FILE",
+];
+
+/// Compiles `kernels_dir` for `arch` into PTX text, using `target_dir` for
+/// the nested build (`core` is compiled once there and reused by every arch).
+pub fn build(cargo: &Path, kernels_dir: &Path, target_dir: &Path, arch: &Arch) -> Result<String, String> {
+    let mut cmd = Command::new(cargo);
+    for v in SCRUB_ENV {
+        cmd.env_remove(v);
+    }
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CARGO_CFG_") || k.starts_with("CARGO_FEATURE_") || k.starts_with("DEP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.current_dir(kernels_dir)
+        .env("RUSTUP_TOOLCHAIN", "nightly")
+        .args(["rustc", "--release", "--quiet", "--lib", "--target", "nvptx64-nvidia-cuda"])
+        .arg("-Zbuild-std=core")
+        .arg("--target-dir")
+        .arg(target_dir)
+        .args(["--config", "profile.release.codegen-units=1", "--config", "profile.release.panic=\"abort\""])
+        .args(["--", "--emit=asm", "-C"])
+        .arg(format!("target-cpu={}", arch.cpu));
+    if !arch.features.is_empty() {
+        cmd.arg("-C").arg(format!("target-feature={}", arch.features));
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", cargo.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building PTX for {} failed:\n{}\nThe kernels need the nightly toolchain with rust-src: \
+             rustup component add rust-src llvm-tools --toolchain nightly",
+            arch.name,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
+    let newest = newest_asm(&deps).ok_or_else(|| format!("no .s file in {}", deps.display()))?;
+    std::fs::read_to_string(&newest).map_err(|e| format!("reading {}: {e}", newest.display()))
+}
+
+fn newest_asm(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "s")
+                && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("flashsample_kernels-"))
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+}
+
+/// Problems that make a module unusable: unresolved external functions
+/// (panic paths, bounds checks, formatting left in device code) and missing
+/// entry points.
+pub fn check(ptx: &str, entry_points: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for line in ptx.lines() {
+        let l = line.trim();
+        if l.starts_with(".extern .func") || l.starts_with(".extern .global") {
+            problems.push(format!("unresolved external: {l}"));
+        }
+    }
+    for e in entry_points {
+        if !ptx.contains(&format!(".entry {e}(")) {
+            problems.push(format!("missing entry point {e}"));
+        }
+    }
+    problems
+}
