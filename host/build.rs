@@ -8,27 +8,45 @@ use std::path::PathBuf;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = manifest.parent().expect("host/ lives in the workspace root").to_path_buf();
+    let root = manifest
+        .parent()
+        .expect("host/ lives in the workspace root")
+        .to_path_buf();
     let kernels = root.join("kernels");
     println!("cargo:rerun-if-changed={}", kernels.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernels.join("Cargo.toml").display());
-    println!("cargo:rerun-if-changed={}", root.join("xtask/src/ptx.rs").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernels.join("Cargo.toml").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("xtask/src/ptx.rs").display()
+    );
     let cargo = PathBuf::from(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
     // The nested build keeps its own target folder next to the workspace's so
     // that `core` for nvptx is compiled once and reused across builds.
     let target_dir = root.join("target").join("ptx-build");
-    let mut table = String::from("/// (architecture, PTX module) for every embedded architecture.\n");
+    let mut table =
+        String::from("/// (architecture, PTX module) for every embedded architecture.\n");
     table.push_str("pub const MODULES: &[(&str, &str)] = &[\n");
     for arch in ptx::ARCHES {
-        let text = ptx::build(&cargo, &kernels, &target_dir, arch).unwrap_or_else(|e| panic!("{e}"));
+        let text =
+            ptx::build(&cargo, &kernels, &target_dir, arch).unwrap_or_else(|e| panic!("{e}"));
         let problems = ptx::check(&text, flashsample_kernels::ENTRY_POINTS);
         if !problems.is_empty() {
-            panic!("PTX for {} is unusable:\n  {}", arch.name, problems.join("\n  "));
+            panic!(
+                "PTX for {} is unusable:\n  {}",
+                arch.name,
+                problems.join("\n  ")
+            );
         }
         let file = out.join(format!("flashsample_{}.ptx", arch.name));
         std::fs::write(&file, text).expect("write PTX");
-        table.push_str(&format!("    (\"{}\", include_str!({:?})),\n", arch.name, file));
+        table.push_str(&format!(
+            "    (\"{}\", include_str!({:?})),\n",
+            arch.name, file
+        ));
     }
     table.push_str("];\n");
     std::fs::write(out.join("ptx_modules.rs"), table).expect("write module table");

@@ -1,4 +1,33 @@
-//! flashsample: exact, deterministic token sampling for LLM decoding.
+//! flashsample: exact, deterministic token sampling for LLM decoding, with
+//! GPU kernels written in Rust (compiled to PTX by rustc's NVPTX backend) and
+//! launched through `cudarc`.
+//!
+//! Every sampler keeps the contracts of the design: a row's result is a pure
+//! function of that row (logits, parameters, seed, offset), never of batch
+//! size, position or launch shape; random numbers come from Philox4x32-10
+//! addressed by (seed, offset, vocabulary index); ties go to the lowest
+//! index; NaN counts as -inf; a row with nothing to sample is reported
+//! invalid. The [`reference`] module is the float64 CPU oracle of the same
+//! semantics and a usable CPU backend.
+
+mod backend;
+mod device;
+mod error;
+mod rows;
+mod sampling;
+
+pub mod reference;
+
+/// The PTX modules embedded at build time, one per architecture.
 pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx_modules.rs"));
 }
+
+pub use backend::Backend;
+pub use device::{Device, arch_for, driver_present};
+pub use error::{Error, Result};
+pub use rows::{DType, LogitElem, RowParams, Rows};
+pub use sampling::{RawSampling, SampleOutput, Workspace};
+
+/// The shared device/CPU math (Philox, noise, keys), re-exported.
+pub use flashsample_kernels as kernels;

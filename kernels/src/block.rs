@@ -34,7 +34,11 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
             *smem.add((tid / 32) as usize) = v;
         }
         arch::bar_sync();
-        let mut r = if tid < warps { *smem.add(tid as usize) } else { 0 };
+        let mut r = if tid < warps {
+            *smem.add(tid as usize)
+        } else {
+            0
+        };
         if tid < 32 {
             r = warp_max_u64(r);
             if tid == 0 {
@@ -56,7 +60,10 @@ pub struct Lse2 {
 }
 
 impl Lse2 {
-    pub const EMPTY: Lse2 = Lse2 { max: f32::NEG_INFINITY, sum: 0.0 };
+    pub const EMPTY: Lse2 = Lse2 {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
 
     /// Adds one finite value.
     #[inline(always)]

@@ -12,7 +12,13 @@
 #![feature(core_intrinsics)]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, gpu_launch_sized_workgroup_mem, gpu_intrinsics)
+    feature(
+        abi_ptx,
+        stdarch_nvptx,
+        asm_experimental_arch,
+        gpu_launch_sized_workgroup_mem,
+        gpu_intrinsics
+    )
 )]
 
 #[cfg(target_arch = "nvptx64")]
@@ -38,6 +44,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "softmax_stats_f32",
     "softmax_write_f32",
     "gumbel_filter_error_probe",
+    "read_bandwidth_probe",
 ];
 
 #[cfg(target_arch = "nvptx64")]

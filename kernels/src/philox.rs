@@ -55,7 +55,12 @@ pub fn seed_key(seed: u64) -> [u32; 2] {
 #[inline(always)]
 pub fn token_noise_group(key: [u32; 2], offset: u64, group: u32) -> [u32; 4] {
     philox4x32_10(
-        [group, STREAM_TOKEN_NOISE, offset as u32, (offset >> 32) as u32],
+        [
+            group,
+            STREAM_TOKEN_NOISE,
+            offset as u32,
+            (offset >> 32) as u32,
+        ],
         key,
     )
 }
@@ -72,7 +77,12 @@ pub fn token_noise(key: [u32; 2], offset: u64, j: u32) -> u32 {
 #[inline(always)]
 pub fn row_uniform_bits(key: [u32; 2], offset: u64, i: u32) -> u32 {
     philox4x32_10(
-        [i >> 2, STREAM_ROW_UNIFORM, offset as u32, (offset >> 32) as u32],
+        [
+            i >> 2,
+            STREAM_ROW_UNIFORM,
+            offset as u32,
+            (offset >> 32) as u32,
+        ],
         key,
     )[(i & 3) as usize]
 }

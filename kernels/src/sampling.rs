@@ -188,7 +188,9 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
         // SAFETY: caller's contract.
-        bf16_to_f32(u32::from(unsafe { arch::ld_global_nc_u16(p as *const u16) }))
+        bf16_to_f32(u32::from(unsafe {
+            arch::ld_global_nc_u16(p as *const u16)
+        }))
     }
 }
 
@@ -217,7 +219,11 @@ unsafe fn sampling_from_logits<E: Elem>(
         let r = row as usize;
         let mut race = Race::new(*temperature.add(r), *seed.add(r), *offset.add(r));
         let lo = c * split.chunk;
-        let hi = if lo + split.chunk < split.vocab { lo + split.chunk } else { split.vocab };
+        let hi = if lo + split.chunk < split.vocab {
+            lo + split.chunk
+        } else {
+            split.vocab
+        };
         let row_ptr = logits.add(r * split.row_stride as usize * E::BYTES);
         let lanes = E::LANES;
         let aligned = (row_ptr as usize) % 16 == 0 && split.vocab % lanes == 0;
@@ -245,7 +251,17 @@ unsafe fn sampling_from_logits<E: Elem>(
             }
         }
         let best = block::block_max_u64(race.best, smem);
-        finish_row(best, row, c, split.ctas_per_row, tokens, valid, partial, counters, smem);
+        finish_row(
+            best,
+            row,
+            c,
+            split.ctas_per_row,
+            tokens,
+            valid,
+            partial,
+            counters,
+            smem,
+        );
     }
 }
 
@@ -290,7 +306,8 @@ unsafe fn finish_row(
             let mut m = 0u64;
             let mut i = tid;
             while i < ctas_per_row {
-                let p = arch::ld_relaxed_gpu_u64(partial.add(r * ctas_per_row as usize + i as usize));
+                let p =
+                    arch::ld_relaxed_gpu_u64(partial.add(r * ctas_per_row as usize + i as usize));
                 if p > m {
                     m = p;
                 }
@@ -330,7 +347,15 @@ pub unsafe extern "ptx-kernel" fn sampling_from_logits_f32(
     // SAFETY: forwarded launch contract.
     unsafe {
         sampling_from_logits::<F32>(
-            logits as *const u8, temperature, seed, offset, tokens, valid, partial, counters, split,
+            logits as *const u8,
+            temperature,
+            seed,
+            offset,
+            tokens,
+            valid,
+            partial,
+            counters,
+            split,
         )
     }
 }
@@ -355,7 +380,15 @@ pub unsafe extern "ptx-kernel" fn sampling_from_logits_bf16(
     // SAFETY: forwarded launch contract.
     unsafe {
         sampling_from_logits::<Bf16>(
-            logits as *const u8, temperature, seed, offset, tokens, valid, partial, counters, split,
+            logits as *const u8,
+            temperature,
+            seed,
+            offset,
+            tokens,
+            valid,
+            partial,
+            counters,
+            split,
         )
     }
 }
@@ -389,4 +422,32 @@ pub unsafe extern "ptx-kernel" fn gumbel_filter_error_probe(out: *mut u32, first
     // SAFETY: caller's contract; non-negative f32 bits order as u32 (NaN
     // above everything).
     unsafe { arch::atom_max_u32(out, worst.to_bits()) };
+}
+
+/// Bench kernel: reads `n` 16-byte words once (the read floor of every
+/// memory-bound kernel) and writes one xor per block to `out`, so the loads
+/// cannot be dropped.
+///
+/// # Launch
+/// Any 1-D grid of 1-D blocks; no shared memory.
+///
+/// # Safety
+/// `src` holds `n` 16-byte aligned words; `out` holds one u32 per block.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn read_bandwidth_probe(src: *const u32, n: u64, out: *mut u32) {
+    let stride = u64::from(arch::grid_dim_x() * arch::block_dim_x());
+    let mut i = u64::from(arch::block_idx_x() * arch::block_dim_x() + arch::thread_idx_x());
+    let mut acc = 0u32;
+    // SAFETY: i < n; the caller's contract.
+    unsafe {
+        while i < n {
+            let v = arch::ld_global_nc_v4_u32(src.add(4 * i as usize));
+            acc ^= v[0] ^ v[1] ^ v[2] ^ v[3];
+            i += stride;
+        }
+        if acc == 0x1234_5678 {
+            // Practically never taken; keeps the loads alive.
+            *out.add(arch::block_idx_x() as usize) = acc;
+        }
+    }
 }

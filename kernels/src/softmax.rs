@@ -38,7 +38,11 @@ struct Stats {
 #[inline(always)]
 fn chunk_bounds(split: &RowSplit, c: u32) -> (u32, u32) {
     let lo = c * split.chunk;
-    let hi = if lo + split.chunk < split.vocab { lo + split.chunk } else { split.vocab };
+    let hi = if lo + split.chunk < split.vocab {
+        lo + split.chunk
+    } else {
+        split.vocab
+    };
     (lo, hi)
 }
 
@@ -101,7 +105,11 @@ unsafe fn block_stats(row_ptr: *const f32, lo: u32, hi: u32, scale: f32, smem: *
             i += 1;
         }
         arch::bar_sync();
-        Stats { lse: total, n_inf: n_total, greedy }
+        Stats {
+            lse: total,
+            n_inf: n_total,
+            greedy,
+        }
     }
 }
 
@@ -177,7 +185,11 @@ pub unsafe extern "ptx-kernel" fn softmax_write_f32(
         }
         let inv_sum = 1.0 / lse.sum;
         let inv_inf = 1.0 / n_inf as f32;
-        let greedy_token = if sample::is_valid(greedy) { sample::token(greedy) } else { u32::MAX };
+        let greedy_token = if sample::is_valid(greedy) {
+            sample::token(greedy)
+        } else {
+            u32::MAX
+        };
         let (lo, hi) = chunk_bounds(&split, c);
         let row_in = logits.add(r * split.row_stride as usize);
         let row_out = probs.add(r * split.row_stride as usize);

@@ -1,1 +1,142 @@
-fn main() {}
+//! Build tasks of flashsample (`cargo xtask <task>`).
+//!
+//! - `build-ptx`: one PTX module per architecture, checked for unresolved
+//!   externals and missing entry points, then (when `ptxas` is available) a
+//!   per-kernel resource report that rejects register spills.
+//! - `install-ptxas`: the pinned `ptxas` from PyPI's `nvidia-cuda-nvcc` wheel.
+//! - `gpu-bundle`: test and bench executables, PTX and a `run` script for a
+//!   GPU machine that has no Rust toolchain.
+
+mod build_ptx;
+mod bundle;
+mod ptx;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [options]
+
+tasks:
+  build-ptx [--arch sm_80,sm_90a,...] [--out DIR]
+      Build the kernels crate into DIR/<arch>/flashsample_kernels.ptx
+      (default DIR: target/ptx, default arches: all), reject modules with
+      unresolved externals or missing entry points, and, when ptxas is
+      available, print registers / shared memory / stack / spills / barriers
+      per kernel and reject spills.
+  install-ptxas [--force]
+      Download the pinned nvidia-cuda-nvcc wheel with pip and unpack it into
+      target/tools/nvcc (ptxas: target/tools/nvcc/nvidia/cu13/bin/ptxas).
+  gpu-bundle [--out DIR]
+      Build PTX and the release test and bench executables of `flashsample`,
+      and lay them out with a `run` script in DIR (default: bundle).
+
+environment:
+  PTXAS   path of the ptxas to use instead of the one install-ptxas unpacks";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match task.as_str() {
+        "build-ptx" => build_ptx::main(rest),
+        "install-ptxas" => tools::install_ptxas_main(rest),
+        "gpu-bundle" => bundle::main(rest),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown task `{other}`\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ lives in the workspace root")
+        .to_path_buf()
+}
+
+/// The cargo that runs this xtask (so the nested builds use the same
+/// toolchain), or `cargo` from PATH.
+pub fn cargo() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("cargo"))
+}
+
+/// Command-line options of one task: `--name value`, `--name=value` and
+/// bare `--flag`s, checked against the task's known options.
+pub struct Opts {
+    values: Vec<(String, Option<String>)>,
+}
+
+impl Opts {
+    /// Parses `args`; `with_value` and `flags` are the option names the task
+    /// accepts (without the leading `--`).
+    pub fn parse(args: &[String], with_value: &[&str], flags: &[&str]) -> Result<Opts, String> {
+        let mut values = Vec::new();
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let Some(name) = arg.strip_prefix("--") else {
+                return Err(format!("unexpected argument `{arg}`"));
+            };
+            if let Some((name, value)) = name.split_once('=') {
+                if !with_value.contains(&name) {
+                    return Err(format!("unknown option `--{name}`"));
+                }
+                values.push((name.to_string(), Some(value.to_string())));
+            } else if with_value.contains(&name) {
+                let value = it
+                    .next()
+                    .ok_or_else(|| format!("option `--{name}` needs a value"))?;
+                values.push((name.to_string(), Some(value.clone())));
+            } else if flags.contains(&name) {
+                values.push((name.to_string(), None));
+            } else {
+                return Err(format!("unknown option `{arg}`"));
+            }
+        }
+        Ok(Opts { values })
+    }
+
+    /// Every value given for `name`, in order.
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.values
+            .iter()
+            .filter(|(n, _)| n == name)
+            .filter_map(|(_, v)| v.as_deref())
+            .collect()
+    }
+
+    /// The last value given for `name`.
+    pub fn last(&self, name: &str) -> Option<&str> {
+        self.all(name).pop()
+    }
+
+    pub fn flag(&self, name: &str) -> bool {
+        self.values.iter().any(|(n, _)| n == name)
+    }
+}
+
+/// `path` resolved against the current directory (where `cargo xtask` was
+/// started), so that `--out` behaves like any other command-line path.
+pub fn absolute(path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}

@@ -14,14 +14,31 @@ pub struct Arch {
     pub features: &'static str,
 }
 
-/// Every architecture the host embeds. `sm_80` is the portable module (the
+/// Every architecture the host embeds (PTX ISA 7.8 at least: CUDA 11.8
+/// drivers or newer; `.L1::no_allocate` loads need 7.4). `sm_80` is the portable module (the
 /// driver JIT-compiles it for any later GPU); `sm_90a` unlocks Hopper-only
 /// instructions (wgmma, setmaxnreg) and runs only on compute capability 9.0.
 pub const ARCHES: &[Arch] = &[
-    Arch { name: "sm_80", cpu: "sm_80", features: "" },
-    Arch { name: "sm_89", cpu: "sm_89", features: "" },
-    Arch { name: "sm_90", cpu: "sm_90", features: "+ptx80" },
-    Arch { name: "sm_90a", cpu: "sm_90a", features: "+ptx80" },
+    Arch {
+        name: "sm_80",
+        cpu: "sm_80",
+        features: "+ptx78",
+    },
+    Arch {
+        name: "sm_89",
+        cpu: "sm_89",
+        features: "+ptx78",
+    },
+    Arch {
+        name: "sm_90",
+        cpu: "sm_90",
+        features: "+ptx80",
+    },
+    Arch {
+        name: "sm_90a",
+        cpu: "sm_90a",
+        features: "+ptx80",
+    },
 ];
 
 /// Environment variables of an outer cargo that must not leak into the
@@ -44,7 +61,12 @@ const SCRUB_ENV: &[&str] = &[
 
 /// Compiles `kernels_dir` for `arch` into PTX text, using `target_dir` for
 /// the nested build (`core` is compiled once there and reused by every arch).
-pub fn build(cargo: &Path, kernels_dir: &Path, target_dir: &Path, arch: &Arch) -> Result<String, String> {
+pub fn build(
+    cargo: &Path,
+    kernels_dir: &Path,
+    target_dir: &Path,
+    arch: &Arch,
+) -> Result<String, String> {
     let mut cmd = Command::new(cargo);
     for v in SCRUB_ENV {
         cmd.env_remove(v);
@@ -56,17 +78,33 @@ pub fn build(cargo: &Path, kernels_dir: &Path, target_dir: &Path, arch: &Arch) -
     }
     cmd.current_dir(kernels_dir)
         .env("RUSTUP_TOOLCHAIN", "nightly")
-        .args(["rustc", "--release", "--quiet", "--lib", "--target", "nvptx64-nvidia-cuda"])
+        .args([
+            "rustc",
+            "--release",
+            "--quiet",
+            "--lib",
+            "--target",
+            "nvptx64-nvidia-cuda",
+        ])
+        .arg("--message-format=json-render-diagnostics")
         .arg("-Zbuild-std=core")
         .arg("--target-dir")
         .arg(target_dir)
-        .args(["--config", "profile.release.codegen-units=1", "--config", "profile.release.panic=\"abort\""])
+        .args([
+            "--config",
+            "profile.release.codegen-units=1",
+            "--config",
+            "profile.release.panic=\"abort\"",
+        ])
         .args(["--", "--emit=asm", "-C"])
         .arg(format!("target-cpu={}", arch.cpu));
     if !arch.features.is_empty() {
-        cmd.arg("-C").arg(format!("target-feature={}", arch.features));
+        cmd.arg("-C")
+            .arg(format!("target-feature={}", arch.features));
     }
-    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", cargo.display()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", cargo.display()))?;
     if !out.status.success() {
         return Err(format!(
             "building PTX for {} failed:\n{}\nThe kernels need the nightly toolchain with rust-src: \
@@ -75,21 +113,47 @@ pub fn build(cargo: &Path, kernels_dir: &Path, target_dir: &Path, arch: &Arch) -
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
-    let newest = newest_asm(&deps).ok_or_else(|| format!("no .s file in {}", deps.display()))?;
-    std::fs::read_to_string(&newest).map_err(|e| format!("reading {}: {e}", newest.display()))
+    // Each arch's flags give the crate its own metadata hash, so its `.s` file
+    // is `deps/flashsample_kernels-<hash>.s`. Take the hash from cargo's
+    // artifact message: when the arch is fresh rustc does not run again, and
+    // the newest `.s` file in `deps/` would be another arch's.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let asm = asm_path(&stdout).ok_or_else(|| {
+        format!(
+            "cargo reported no flashsample_kernels artifact for {}",
+            arch.name
+        )
+    })?;
+    std::fs::read_to_string(&asm).map_err(|e| {
+        format!(
+            "reading {}: {e} (if it was deleted, remove {} to rebuild)",
+            asm.display(),
+            target_dir.display()
+        )
+    })
 }
 
-fn newest_asm(dir: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "s")
-                && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("flashsample_kernels-"))
+/// The `.s` file next to the kernels crate's hashed `deps/` artifact named in
+/// cargo's JSON messages.
+fn asm_path(cargo_json: &str) -> Option<PathBuf> {
+    cargo_json
+        .lines()
+        .filter(|l| {
+            l.contains("\"reason\":\"compiler-artifact\"")
+                && l.contains("\"name\":\"flashsample_kernels\"")
         })
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .flat_map(|l| l.split('"'))
+        .find_map(|s| {
+            let p = Path::new(s);
+            let stem = p
+                .file_name()?
+                .to_str()?
+                .strip_prefix("libflashsample_kernels-")?;
+            let hash = stem
+                .strip_suffix(".rmeta")
+                .or_else(|| stem.strip_suffix(".rlib"))?;
+            Some(p.with_file_name(format!("flashsample_kernels-{hash}.s")))
+        })
 }
 
 /// Problems that make a module unusable: unresolved external functions

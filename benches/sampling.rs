@@ -1,0 +1,218 @@
+//! GPU benches of the row kernels, timed with CUDA events.
+//!
+//! For every case: the read floor (the case's bytes over the read bandwidth
+//! measured in this run with a 1 GiB read), the kernel's median time, their
+//! ratio, the target of the foundation issue (1.25 x floor + 5 us), and the
+//! PyTorch references of `benches/torch_reference.py` when its JSON is given
+//! in `FLASHSAMPLE_TORCH_REF` (the GPU bundle runs it first, in the same
+//! session). Inputs rotate over enough copies to exceed twice the L2 cache.
+//! Writes a markdown table to `FLASHSAMPLE_BENCH_OUT` (default stdout only).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use flashsample::{Result, RowParams, Rows, SampleOutput, Workspace};
+use rand::SeedableRng;
+
+const L2_BYTES: usize = 60 << 20;
+
+/// Median of `reps` event-timed runs of `f(i)` (i = rotation index), after
+/// `warmup` untimed ones, in microseconds.
+fn time_us(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    for i in 0..warmup {
+        f(i)?;
+    }
+    let ctx = stream.context();
+    let mut times = Vec::with_capacity(reps);
+    let start = ctx.new_event(None).map_err(flashsample::Error::from)?;
+    let end = ctx.new_event(None).map_err(flashsample::Error::from)?;
+    for i in 0..reps {
+        start.record(stream).map_err(flashsample::Error::from)?;
+        f(warmup + i)?;
+        end.record(stream).map_err(flashsample::Error::from)?;
+        end.synchronize().map_err(flashsample::Error::from)?;
+        times.push(f64::from(start.elapsed_ms(&end).map_err(flashsample::Error::from)?) * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
+fn torch_refs() -> serde_free::Json {
+    serde_free::Json::load(std::env::var("FLASHSAMPLE_TORCH_REF").ok())
+}
+
+/// A tiny reader for the flat `{"case": {"name": number}}` JSON the torch
+/// script writes (no JSON crate in the dependency tree).
+mod serde_free {
+    pub struct Json(String);
+    impl Json {
+        pub fn load(path: Option<String>) -> Json {
+            Json(
+                path.and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default(),
+            )
+        }
+        /// `name: value` pairs recorded for `case`, as text.
+        pub fn case(&self, case: &str) -> String {
+            let key = format!("\"{case}\"");
+            let Some(at) = self.0.find(&key) else {
+                return "-".into();
+            };
+            let rest = &self.0[at + key.len()..];
+            let (Some(open), Some(close)) = (rest.find('{'), rest.find('}')) else {
+                return "-".into();
+            };
+            rest[open + 1..close]
+                .split(',')
+                .map(|kv| {
+                    kv.trim()
+                        .replace('"', "")
+                        .replace("_us", "")
+                        .replace(": ", " ")
+                        + " us"
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let Some((dev, stream)) = common::gpu("bench sampling") else {
+        return Ok(());
+    };
+    println!(
+        "device: {} ({}, {} SMs)",
+        dev.name()?,
+        dev.arch(),
+        dev.sm_count()
+    );
+    let refs = torch_refs();
+    let mut ws = Workspace::new(&stream)?;
+
+    // Read bandwidth: 1 GiB read once.
+    let gib: CudaSlice<u32> = stream.alloc_zeros(1 << 28)?;
+    let mut words = vec![0u32; 1 << 28];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = (i as u32).wrapping_mul(2_654_435_761);
+    }
+    let mut gib = gib;
+    stream.memcpy_htod(&words, &mut gib)?;
+    drop(words);
+    let t_read = time_us(&stream, 3, 20, |_| {
+        dev.read_once(&stream, &gib.as_view(), &mut ws)
+    })?;
+    let read_bw = (1u64 << 30) as f64 / (t_read * 1e-6);
+    println!(
+        "read bandwidth: {:.0} GB/s (1 GiB in {t_read:.1} us)",
+        read_bw / 1e9
+    );
+    drop(gib);
+
+    let mut table = String::new();
+    writeln!(
+        table,
+        "read bandwidth {:.0} GB/s (1 GiB read, same run)\n",
+        read_bw / 1e9
+    )
+    .ok();
+    writeln!(
+        table,
+        "| case | floor us | kernel us | ratio | target us | ok | PyTorch same run |\n|---|---|---|---|---|---|---|"
+    )
+    .ok();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut failures = 0;
+    for vocab in [128_256usize, 262_144] {
+        for batch in [1usize, 32, 128, 1024] {
+            let rows = Rows::contiguous(batch, vocab);
+            let bytes = batch * vocab * 4;
+            let copies = (2 * L2_BYTES).div_ceil(bytes).clamp(1, 64);
+            let mut host = Vec::with_capacity(batch * vocab);
+            for _ in 0..batch.min(64) {
+                common::push_row(&mut rng, common::Dist::Gaussian, vocab, &mut host);
+            }
+            while host.len() < batch * vocab {
+                let n = (batch * vocab - host.len()).min(host.len());
+                host.extend_from_within(..n);
+            }
+            let bufs: Vec<CudaSlice<f32>> = (0..copies)
+                .map(|_| stream.clone_htod(&host))
+                .collect::<Result<_, _>>()?;
+            let params = RowParams::upload(
+                &stream,
+                &vec![0.8; batch],
+                &(0..batch as u64).collect::<Vec<_>>(),
+                &vec![0; batch],
+            )?;
+            let mut out = SampleOutput::new(&stream, batch)?;
+            let floor = bytes as f64 / read_bw * 1e6;
+            let t = time_us(&stream, 5, 50, |i| {
+                dev.sampling_from_logits(
+                    &stream,
+                    &bufs[i % copies].as_view(),
+                    rows,
+                    &params,
+                    &mut out,
+                    &mut ws,
+                )
+            })?;
+            let target = 1.25 * floor + 5.0;
+            let ok = t <= target;
+            failures += usize::from(!ok);
+            let case = format!("sampling_from_logits f32 B={batch} V={vocab}");
+            writeln!(
+                table,
+                "| {case} | {floor:.1} | {t:.1} | {:.2} | {target:.1} | {} | {} |",
+                t / floor,
+                if ok { "yes" } else { "NO" },
+                refs.case(&case)
+            )
+            .ok();
+            // Softmax: read + write floor.
+            let mut probs: CudaSlice<f32> = stream.alloc_zeros(batch * vocab)?;
+            let ts = time_us(&stream, 3, 20, |i| {
+                dev.softmax(
+                    &stream,
+                    &bufs[i % copies].as_view(),
+                    rows,
+                    &params.temperature.as_view(),
+                    &mut probs.as_view_mut(),
+                    &mut ws,
+                )
+            })?;
+            let sfloor = 2.0 * floor;
+            let case = format!("softmax f32 B={batch} V={vocab}");
+            writeln!(
+                table,
+                "| {case} | {sfloor:.1} | {ts:.1} | {:.2} | - | - | {} |",
+                ts / sfloor,
+                refs.case(&case)
+            )
+            .ok();
+            println!(
+                "B={batch} V={vocab}: sampling {t:.1} us (floor {floor:.1}), softmax {ts:.1} us"
+            );
+        }
+    }
+    println!("\n{table}");
+    if let Ok(path) = std::env::var("FLASHSAMPLE_BENCH_OUT") {
+        std::fs::write(&path, &table).map_err(|e| flashsample::Error::InvalidParam {
+            name: "FLASHSAMPLE_BENCH_OUT",
+            value: format!("{path}: {e}"),
+        })?;
+    }
+    if failures > 0 {
+        println!("{failures} case(s) above the 1.25 x floor + 5 us target");
+    }
+    Ok(())
+}

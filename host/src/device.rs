@@ -1,0 +1,167 @@
+//! A GPU: its CUDA context, the PTX module chosen for its compute capability
+//! (loaded once per process and device), and its kernels.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{Error, Result};
+use crate::ptx;
+
+/// The kernels of one loaded module.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    pub sampling_f32: CudaFunction,
+    pub sampling_bf16: CudaFunction,
+    pub softmax_stats_f32: CudaFunction,
+    pub softmax_write_f32: CudaFunction,
+    pub gumbel_probe: CudaFunction,
+    pub read_probe: CudaFunction,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ctx: Arc<CudaContext>,
+    arch: &'static str,
+    sm_count: u32,
+    kernels: Kernels,
+    _module: Arc<CudaModule>,
+}
+
+/// A CUDA device with flashsample's kernels loaded. Cheap to clone; every
+/// [`Device::new`] for the same ordinal in a process shares one context and
+/// one loaded module.
+#[derive(Debug, Clone)]
+pub struct Device(Arc<Inner>);
+
+/// Whether the CUDA driver library can be loaded on this machine (cudarc
+/// panics on first use when it cannot, so every entry point checks this).
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// The embedded PTX module for a compute capability: sm_90a on Hopper
+/// (9.0), the sm_90 module on later GPUs (JIT-compiled by the driver), sm_89
+/// on Ada, sm_80 on other Ampere GPUs.
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (9, 0) => "sm_90a",
+        (m, _) if m >= 9 => "sm_90",
+        (8, n) if n >= 9 => "sm_89",
+        (8, _) => "sm_80",
+        _ => return Err(Error::UnsupportedArch { major, minor }),
+    })
+}
+
+impl Device {
+    /// Opens GPU `ordinal` (0 for the first). Errors, never panics, when
+    /// there is no driver, no such device, or the GPU is too old.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        static CACHE: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = cache.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let count = CudaContext::device_count()? as usize;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = arch_for(major, minor)?;
+        let src = ptx::MODULES
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map(|(_, s)| *s)
+            .ok_or(Error::UnsupportedArch { major, minor })?;
+        let module = ctx.load_module(Ptx::from_src(src))?;
+        let f = |name: &str| module.load_function(name);
+        let kernels = Kernels {
+            sampling_f32: f("sampling_from_logits_f32")?,
+            sampling_bf16: f("sampling_from_logits_bf16")?,
+            softmax_stats_f32: f("softmax_stats_f32")?,
+            softmax_write_f32: f("softmax_write_f32")?,
+            gumbel_probe: f("gumbel_filter_error_probe")?,
+            read_probe: f("read_bandwidth_probe")?,
+        };
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        let dev = Device(Arc::new(Inner {
+            ctx,
+            arch,
+            sm_count,
+            kernels,
+            _module: module,
+        }));
+        cache.insert(ordinal, dev.clone());
+        Ok(dev)
+    }
+
+    /// The CUDA context (shared with cudarc users: candle, mistral.rs).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.0.ctx
+    }
+
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        Ok(self.0.ctx.new_stream()?)
+    }
+
+    /// The embedded PTX module in use (`"sm_90a"`, `"sm_80"`, ...).
+    pub fn arch(&self) -> &'static str {
+        self.0.arch
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.0.sm_count
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn name(&self) -> Result<String> {
+        Ok(self.0.ctx.name()?)
+    }
+
+    pub(crate) fn kernels(&self) -> &Kernels {
+        &self.0.kernels
+    }
+
+    /// Checks that `stream` belongs to this device's context.
+    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if Arc::ptr_eq(stream.context(), &self.0.ctx) {
+            Ok(())
+        } else {
+            Err(Error::WrongContext { what: "stream" })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_choice_follows_compute_capability() {
+        assert_eq!(arch_for(9, 0).unwrap(), "sm_90a");
+        assert_eq!(arch_for(10, 0).unwrap(), "sm_90");
+        assert_eq!(arch_for(8, 9).unwrap(), "sm_89");
+        assert_eq!(arch_for(8, 6).unwrap(), "sm_80");
+        assert!(matches!(
+            arch_for(7, 5),
+            Err(Error::UnsupportedArch { major: 7, minor: 5 })
+        ));
+        for (a, _) in ptx::MODULES {
+            assert!(["sm_80", "sm_89", "sm_90", "sm_90a"].contains(a));
+        }
+        assert_eq!(ptx::MODULES.len(), 4);
+    }
+}

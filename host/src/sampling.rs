@@ -1,0 +1,339 @@
+//! `sampling_from_logits` and `softmax` on the GPU.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg, sys::CUdeviceptr,
+};
+use flashsample_kernels::params::{ROW_THREADS, RowSplit};
+
+use crate::device::Device;
+use crate::error::{Result, param, shape};
+use crate::rows::{DType, LogitElem, RowParams, Rows, SplitArg, split_for_batch, split_for_vocab};
+
+/// Scratch memory of the multi-block kernels: per-block partial results and
+/// per-row tickets. Belongs to one stream at a time (calls on different
+/// streams need different workspaces). The kernels leave the tickets at zero,
+/// so a workspace can serve any later call or graph replay; it grows on
+/// demand, which allocates: before capturing a CUDA graph, run the captured
+/// call once (or [`Workspace::reserve`]) so that capture allocates nothing.
+#[derive(Debug)]
+pub struct Workspace {
+    partial: CudaSlice<u64>,
+    counters: CudaSlice<u32>,
+}
+
+impl Workspace {
+    /// An empty workspace on `stream`.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Workspace> {
+        Ok(Workspace {
+            partial: stream.alloc_zeros(1)?,
+            counters: stream.alloc_zeros(1)?,
+        })
+    }
+
+    /// Grows to hold `partial` words and `rows` tickets.
+    pub fn reserve(&mut self, stream: &Arc<CudaStream>, partial: usize, rows: usize) -> Result<()> {
+        if self.partial.len() < partial {
+            self.partial = stream.alloc_zeros(partial)?;
+        }
+        if self.counters.len() < rows {
+            self.counters = stream.alloc_zeros(rows)?;
+        }
+        Ok(())
+    }
+
+    fn fit(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        split: &RowSplit,
+        words_per_block: usize,
+    ) -> Result<()> {
+        let rows = split.batch as usize;
+        self.reserve(
+            stream,
+            rows * split.ctas_per_row as usize * words_per_block,
+            rows,
+        )
+    }
+}
+
+/// Where a sampler writes: one token and one validity flag per row (a row
+/// with no finite logit and no +inf gets `valid = 0` and token 0).
+#[derive(Debug)]
+pub struct SampleOutput {
+    pub tokens: CudaSlice<u32>,
+    pub valid: CudaSlice<u8>,
+}
+
+impl SampleOutput {
+    /// Output buffers for `batch` rows.
+    pub fn new(stream: &Arc<CudaStream>, batch: usize) -> Result<SampleOutput> {
+        Ok(SampleOutput {
+            tokens: stream.alloc_zeros(batch)?,
+            valid: stream.alloc_zeros(batch)?,
+        })
+    }
+
+    fn check(&self, batch: usize) -> Result<()> {
+        if self.tokens.len() < batch {
+            return Err(shape(
+                "tokens",
+                format!("at least {batch}"),
+                self.tokens.len(),
+            ));
+        }
+        if self.valid.len() < batch {
+            return Err(shape(
+                "valid",
+                format!("at least {batch}"),
+                self.valid.len(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Raw device addresses of a sampling call, for callers that own their
+/// memory (PyTorch, candle): every pointer is a device address in the
+/// stream's context.
+#[derive(Debug, Clone, Copy)]
+pub struct RawSampling {
+    pub logits: CUdeviceptr,
+    pub dtype: DType,
+    pub rows: Rows,
+    pub temperature: CUdeviceptr,
+    pub seed: CUdeviceptr,
+    pub offset: CUdeviceptr,
+    pub tokens: CUdeviceptr,
+    pub valid: CUdeviceptr,
+}
+
+fn check_ptr(name: &'static str, p: CUdeviceptr, align: u64) -> Result<()> {
+    if p == 0 || p % align != 0 {
+        return Err(param(
+            name,
+            format_args!("{p:#x} (needs a non-null {align}-byte aligned address)"),
+        ));
+    }
+    Ok(())
+}
+
+fn row_launch(split: &RowSplit) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (split.ctas_per_row, split.batch, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: (2 * ROW_THREADS / 32 + 2) * 8,
+    }
+}
+
+impl Device {
+    /// Samples one token per row of `[batch, vocab]` logits by Gumbel-max:
+    /// `argmax_j x_j / T + G_j`, with `G_j` the Gumbel noise of the row's
+    /// Philox stream at (seed, offset, j). Exact (the kernel's winner is the
+    /// winner of the f32 scores computed with the library's noise),
+    /// deterministic, and independent of batch size, row position and launch
+    /// shape. Greedy rows (T <= 0 or NaN) take the argmax; ties go to the
+    /// lowest index; NaN counts as -inf; +inf entries are sampled uniformly.
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, RowParams, Rows, SampleOutput, Workspace};
+    /// let dev = Device::new(0)?;
+    /// let stream = dev.new_stream()?;
+    /// let (batch, vocab) = (2, 5);
+    /// let logits = stream.clone_htod(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 4.0, 3.0, 2.0, 1.0, 0.0])
+    ///     .map_err(flashsample::Error::from)?;
+    /// let params = RowParams::upload(&stream, &[1.0, 0.0], &[7, 7], &[0, 0])?;
+    /// let mut out = SampleOutput::new(&stream, batch)?;
+    /// let mut ws = Workspace::new(&stream)?;
+    /// dev.sampling_from_logits(&stream, &logits.as_view(), Rows::contiguous(batch, vocab),
+    ///     &params, &mut out, &mut ws)?;
+    /// let tokens = stream.clone_dtoh(&out.tokens).map_err(flashsample::Error::from)?;
+    /// assert_eq!(tokens[1], 0); // greedy row
+    /// # Ok(()) }
+    /// ```
+    pub fn sampling_from_logits<T: LogitElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        logits: &CudaView<'_, T>,
+        rows: Rows,
+        params: &RowParams,
+        out: &mut SampleOutput,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        rows.validate("logits", logits.len())?;
+        params.check(rows.batch)?;
+        out.check(rows.batch)?;
+        let (l, _g1) = logits.device_ptr(stream);
+        let (t, _g2) = params.temperature.device_ptr(stream);
+        let (s, _g3) = params.seed.device_ptr(stream);
+        let (o, _g4) = params.offset.device_ptr(stream);
+        let (tok, _g5) = out.tokens.device_ptr_mut(stream);
+        let (v, _g6) = out.valid.device_ptr_mut(stream);
+        let raw = RawSampling {
+            logits: l,
+            dtype: T::DTYPE,
+            rows,
+            temperature: t,
+            seed: s,
+            offset: o,
+            tokens: tok,
+            valid: v,
+        };
+        // SAFETY: every address comes from a live cudarc buffer of this
+        // stream's context, and the lengths were checked above.
+        unsafe { self.sampling_from_logits_raw(stream, &raw, ws) }
+    }
+
+    /// [`Device::sampling_from_logits`] on raw device addresses.
+    ///
+    /// # Safety
+    /// `raw.logits` holds `raw.rows.min_len()` elements of `raw.dtype`;
+    /// `temperature`, `seed`, `offset` hold `batch` f32 / u64 / u64;
+    /// `tokens` and `valid` `batch` writable u32 / u8; all in `stream`'s
+    /// context and not written by anyone else until the call completes.
+    pub unsafe fn sampling_from_logits_raw(
+        &self,
+        stream: &Arc<CudaStream>,
+        raw: &RawSampling,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        raw.rows.validate("logits", raw.rows.min_len())?;
+        check_ptr("logits", raw.logits, raw.dtype.size() as u64)?;
+        check_ptr("temperature", raw.temperature, 4)?;
+        check_ptr("seed", raw.seed, 8)?;
+        check_ptr("offset", raw.offset, 8)?;
+        check_ptr("tokens", raw.tokens, 4)?;
+        check_ptr("valid", raw.valid, 1)?;
+        let split = split_for_batch(&raw.rows, self.sm_count());
+        ws.fit(stream, &split, 1)?;
+        let k = self.kernels();
+        let func = match raw.dtype {
+            DType::F32 => &k.sampling_f32,
+            DType::Bf16 => &k.sampling_bf16,
+        };
+        let (p, _g1) = ws.partial.device_ptr_mut(stream);
+        let (c, _g2) = ws.counters.device_ptr_mut(stream);
+        let arg = SplitArg(split);
+        let mut b = stream.launch_builder(func);
+        b.arg(&raw.logits)
+            .arg(&raw.temperature)
+            .arg(&raw.seed)
+            .arg(&raw.offset)
+            .arg(&raw.tokens)
+            .arg(&raw.valid)
+            .arg(&p)
+            .arg(&c)
+            .arg(&arg);
+        // SAFETY: the argument list matches `sampling_from_logits_*`'s
+        // signature; the caller guarantees the buffers (validated sizes and
+        // alignment above); the workspace holds batch * ctas_per_row partials
+        // and batch zeroed tickets; ctas_per_row <= ROW_THREADS by the split.
+        unsafe { b.launch(row_launch(&split)) }?;
+        Ok(())
+    }
+
+    /// Probabilities `softmax(x / T)` of f32 logits, written to `probs`
+    /// (same shape). Greedy rows are one-hot at the argmax; +inf entries
+    /// share the mass evenly; NaN and -inf get 0; a row with nothing valid is
+    /// all zeros. Each row's bits depend only on the row and its temperature.
+    pub fn softmax(
+        &self,
+        stream: &Arc<CudaStream>,
+        logits: &CudaView<'_, f32>,
+        rows: Rows,
+        temperature: &CudaView<'_, f32>,
+        probs: &mut CudaViewMut<'_, f32>,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        rows.validate("logits", logits.len())?;
+        rows.validate("probs", probs.len())?;
+        if temperature.len() < rows.batch {
+            return Err(shape(
+                "temperature",
+                format!("at least {}", rows.batch),
+                temperature.len(),
+            ));
+        }
+        let split = split_for_vocab(&rows);
+        ws.fit(stream, &split, 3)?;
+        let k = self.kernels();
+        let (l, _g1) = logits.device_ptr(stream);
+        let (t, _g2) = temperature.device_ptr(stream);
+        let (p, _g3) = probs.device_ptr_mut(stream);
+        let (st, _g4) = ws.partial.device_ptr_mut(stream);
+        let arg = SplitArg(split);
+        let cfg = row_launch(&split);
+        let mut b = stream.launch_builder(&k.softmax_stats_f32);
+        b.arg(&l).arg(&t).arg(&st).arg(&arg);
+        // SAFETY: matches `softmax_stats_f32`; sizes validated above; the
+        // workspace holds 3 words per block.
+        unsafe { b.launch(cfg) }?;
+        let mut b = stream.launch_builder(&k.softmax_write_f32);
+        b.arg(&l).arg(&t).arg(&st).arg(&p).arg(&arg);
+        // SAFETY: matches `softmax_write_f32`; `probs` validated like logits.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The largest error of the kernels' approximate Gumbel noise against the
+    /// exact noise, over all 2^32 random words (a diagnostic: the samplers'
+    /// candidate filter is exact only while this stays below
+    /// [`flashsample_kernels::noise::GUMBEL_APPROX_ERR`]).
+    pub fn gumbel_filter_max_error(&self, stream: &Arc<CudaStream>) -> Result<f32> {
+        self.check_stream(stream)?;
+        let mut out = stream.alloc_zeros::<u32>(1)?;
+        let blocks = 8 * self.sm_count();
+        // Two launches of 2^31 words each (the count argument is a u32).
+        for first in [0u32, 1 << 31] {
+            let count = 1u32 << 31;
+            let mut b = stream.launch_builder(&self.kernels().gumbel_probe);
+            b.arg(&mut out).arg(&first).arg(&count);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `gumbel_filter_error_probe`; `out` is one u32.
+            unsafe { b.launch(cfg) }?;
+        }
+        let bits = stream.clone_dtoh(&out)?;
+        Ok(f32::from_bits(bits[0]))
+    }
+
+    /// Reads `data` once from device memory (a bench diagnostic: the time of
+    /// this launch is the read floor of a memory-bound kernel). `data.len()`
+    /// must be a multiple of 4 words (16 bytes).
+    pub fn read_once(
+        &self,
+        stream: &Arc<CudaStream>,
+        data: &CudaView<'_, u32>,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if data.len() % 4 != 0 || data.is_empty() {
+            return Err(shape("data", "a non-empty multiple of 4 words", data.len()));
+        }
+        let blocks = 8 * self.sm_count();
+        ws.reserve(stream, blocks as usize, 1)?;
+        let (d, _g) = data.device_ptr(stream);
+        check_ptr("data", d, 16)?;
+        let (out, _g2) = ws.partial.device_ptr_mut(stream);
+        let n = (data.len() / 4) as u64;
+        let mut b = stream.launch_builder(&self.kernels().read_probe);
+        b.arg(&d).arg(&n).arg(&out);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `read_bandwidth_probe`; `data` holds n 16-byte
+        // aligned words (checked); the workspace holds a word per block.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! Test and bench support: the GPU gate, logits generators, mismatch reports.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::Write;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use flashsample::Device;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The GPU and a stream, or `None` after a visible skip message when there
+/// is no usable GPU. With `FLASHSAMPLE_REQUIRE_GPU=1` (set by the GPU
+/// bundle) a missing GPU fails the test instead.
+pub fn gpu(test: &str) -> Option<(Device, Arc<CudaStream>)> {
+    match Device::new(0).and_then(|d| Ok((d.new_stream()?, d))) {
+        Ok((s, d)) => Some((d, s)),
+        Err(e) => {
+            if std::env::var("FLASHSAMPLE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("FLASHSAMPLE_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            // Written straight to stderr so that the test harness does not
+            // capture it: skips must be visible.
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: no GPU ({e})");
+            None
+        }
+    }
+}
+
+/// A seeded RNG; the seed is printed so a failure can be replayed
+/// (`FLASHSAMPLE_TEST_SEED` overrides it).
+pub fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("FLASHSAMPLE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("{test}: seed {seed} (FLASHSAMPLE_TEST_SEED to replay)");
+    StdRng::seed_from_u64(seed)
+}
+
+/// Shapes of logits rows the tests and benches draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dist {
+    /// N(0, sigma) with sigma in [0.5, 8].
+    Gaussian,
+    /// Student-t with 2 degrees of freedom, scaled: a heavy right tail.
+    HeavyTail,
+    /// Gaussian rounded to bf16: many exact ties.
+    Bf16Quantised,
+    /// A few values only: ties everywhere, at the maximum too.
+    FewValues,
+    /// Gaussian with NaN, -inf, +inf, +-0 sprinkled in.
+    Special,
+    /// Entirely NaN / -inf (invalid rows).
+    Invalid,
+    /// One +inf entry or several.
+    PosInf,
+}
+
+pub const DISTS: [Dist; 7] = [
+    Dist::Gaussian,
+    Dist::HeavyTail,
+    Dist::Bf16Quantised,
+    Dist::FewValues,
+    Dist::Special,
+    Dist::Invalid,
+    Dist::PosInf,
+];
+
+fn normal(rng: &mut StdRng) -> f32 {
+    // Box-Muller; rand_distr is not a dependency.
+    let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+    let u2: f64 = rng.random();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+pub fn bf16_round(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// Appends one row of `vocab` logits of distribution `dist` to `out`.
+pub fn push_row(rng: &mut StdRng, dist: Dist, vocab: usize, out: &mut Vec<f32>) {
+    let sigma = rng.random_range(0.5f32..8.0);
+    let start = out.len();
+    match dist {
+        Dist::Gaussian => out.extend((0..vocab).map(|_| sigma * normal(rng))),
+        Dist::HeavyTail => out.extend((0..vocab).map(|_| {
+            let z = normal(rng);
+            let c = normal(rng).powi(2) + normal(rng).powi(2);
+            2.0 * z / (c / 2.0).sqrt().max(1e-3)
+        })),
+        Dist::Bf16Quantised => out.extend((0..vocab).map(|_| bf16_round(sigma * normal(rng)))),
+        Dist::FewValues => {
+            let k = rng.random_range(1..4);
+            out.extend((0..vocab).map(|_| rng.random_range(0..k) as f32));
+        }
+        Dist::Special => {
+            out.extend((0..vocab).map(|_| sigma * normal(rng)));
+            for _ in 0..rng.random_range(1..8) {
+                let i = start + rng.random_range(0..vocab);
+                out[i] = match rng.random_range(0..4) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => 0.0,
+                    _ => -0.0,
+                };
+            }
+        }
+        Dist::Invalid => out.extend((0..vocab).map(|i| {
+            if i % 3 == 0 {
+                f32::NAN
+            } else {
+                f32::NEG_INFINITY
+            }
+        })),
+        Dist::PosInf => {
+            out.extend((0..vocab).map(|_| sigma * normal(rng)));
+            for _ in 0..rng.random_range(1..4) {
+                let i = start + rng.random_range(0..vocab);
+                out[i] = f32::INFINITY;
+            }
+        }
+    }
+}
+
+/// Collects mismatches and reports the first few, with bit patterns.
+#[derive(Default)]
+pub struct Mismatches {
+    pub count: usize,
+    pub checked: usize,
+    pub first: Vec<String>,
+}
+
+impl Mismatches {
+    pub fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        self.checked += 1;
+        if !ok {
+            self.count += 1;
+            if self.first.len() < 8 {
+                self.first.push(what());
+            }
+        }
+    }
+
+    pub fn assert_none(&self, what: &str) {
+        assert!(
+            self.count == 0,
+            "{what}: {} of {} checks failed; first:\n  {}",
+            self.count,
+            self.checked,
+            self.first.join("\n  ")
+        );
+        println!("{what}: {} checks, all passed", self.checked);
+    }
+}

@@ -1,0 +1,297 @@
+//! `cargo xtask gpu-bundle`: everything the GPU machine (no Rust toolchain,
+//! no network) needs to run the tests, the sanitizer and the benches.
+//!
+//! Layout of the bundle:
+//!
+//! ```text
+//! run                              entry point (bash): ./run [tests] [sanitize] [bench]
+//! bin/<name>                       stripped release executables
+//! ptx/<arch>/flashsample_kernels.ptx
+//! ptx/ptxas-report.txt             when ptxas was available
+//! scripts/*.py                     benches/*.py (same-run PyTorch references)
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{Opts, absolute, build_ptx, cargo, workspace_root};
+
+/// The bundle must fit through the 64 MiB transfer limit with room to spare.
+const MAX_BYTES: u64 = 60 * 1024 * 1024;
+
+/// The `run` script; `@TESTS@` and `@BENCHES@` become bash array items.
+const RUN_TEMPLATE: &str = include_str!("run.sh");
+
+/// The name of the library's unit-test executable in the bundle.
+const UNIT_NAME: &str = "flashsample-unit";
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Test,
+    Bench,
+}
+
+struct Exe {
+    name: String,
+    kind: Kind,
+    path: PathBuf,
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let opts = Opts::parse(args, &["out"], &[])?;
+    let out = opts
+        .last("out")
+        .map(absolute)
+        .unwrap_or_else(|| workspace_root().join("bundle"));
+
+    let ptx_out = build_ptx::default_out();
+    let report = build_ptx::build(&build_ptx::select_arches(&[])?, &ptx_out)?;
+
+    let strip = which("strip");
+    let mut exes = cargo_executables(
+        &["test", "--release", "-p", "flashsample", "--no-run"],
+        Kind::Test,
+        strip.is_none(),
+    )?;
+    exes.extend(cargo_executables(
+        &["bench", "-p", "flashsample", "--no-run"],
+        Kind::Bench,
+        strip.is_none(),
+    )?);
+    if exes.is_empty() {
+        return Err("cargo built no test or bench executables".into());
+    }
+    // Run order: benches last, the library's unit tests first, then by name.
+    exes.sort_by(|a, b| {
+        (a.kind == Kind::Bench, a.name != UNIT_NAME, &a.name).cmp(&(
+            b.kind == Kind::Bench,
+            b.name != UNIT_NAME,
+            &b.name,
+        ))
+    });
+
+    // Only what this task writes is replaced; `out/` holds results of an
+    // earlier local `./run` and would otherwise travel with the bundle.
+    for stale in ["bin", "ptx", "scripts", "out"] {
+        let p = out.join(stale);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).map_err(|e| format!("removing {}: {e}", p.display()))?;
+        }
+    }
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("creating {}: {e}", bin.display()))?;
+    for exe in &exes {
+        let dest = bin.join(&exe.name);
+        std::fs::copy(&exe.path, &dest)
+            .map_err(|e| format!("copying {} to {}: {e}", exe.path.display(), dest.display()))?;
+        if let Some(strip) = &strip {
+            let status = Command::new(strip)
+                .arg(&dest)
+                .status()
+                .map_err(|e| format!("cannot run {}: {e}", strip.display()))?;
+            if !status.success() {
+                return Err(format!("strip {} failed ({status})", dest.display()));
+            }
+        }
+    }
+
+    copy_ptx(&ptx_out, &out.join("ptx"))?;
+    copy_scripts(&workspace_root().join("benches"), &out.join("scripts"))?;
+    if !report.is_empty() {
+        let file = out.join("ptx/ptxas-report.txt");
+        std::fs::write(&file, report.trim_start())
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+    }
+    write_run_script(&out.join("run"), &exes)?;
+
+    println!("\nbundle {}:", out.display());
+    for exe in &exes {
+        let kind = match exe.kind {
+            Kind::Test => "test",
+            Kind::Bench => "bench",
+        };
+        println!(
+            "  bin/{:<20} {kind:<5} from {}",
+            exe.name,
+            exe.path.display()
+        );
+    }
+    let size = dir_size(&out)?;
+    let mib = size as f64 / (1024.0 * 1024.0);
+    println!("  size {mib:.1} MiB (limit {} MiB)", MAX_BYTES >> 20);
+    if size > MAX_BYTES {
+        return Err(format!(
+            "the bundle is {mib:.1} MiB, over the {} MiB limit",
+            MAX_BYTES >> 20
+        ));
+    }
+    println!(
+        "run it on the GPU machine with: {}/run [tests] [sanitize] [bench]",
+        out.display()
+    );
+    Ok(())
+}
+
+/// Runs `cargo <args> --message-format=json-render-diagnostics` and returns
+/// the executables of its test-profile artifacts of `kind`.
+fn cargo_executables(
+    args: &[&str],
+    kind: Kind,
+    strip_in_profile: bool,
+) -> Result<Vec<Exe>, String> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    if strip_in_profile {
+        // No `strip` on this machine: let rustc's linker strip instead. This
+        // changes the profile, so these builds do not share artifacts with a
+        // plain `cargo test --release`.
+        cmd.env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+            .env("CARGO_PROFILE_BENCH_STRIP", "symbols");
+    }
+    println!("\nrunning cargo {}", args.join(" "));
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run cargo: {e}"))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut exes: Vec<Exe> = Vec::new();
+    let mut parse_error = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+        match artifact(&line, kind) {
+            Ok(Some(exe)) => {
+                if let Some(other) = exes.iter().find(|e| e.name == exe.name) {
+                    parse_error.get_or_insert(format!(
+                        "two executables would be bin/{}: {} and {}",
+                        exe.name,
+                        other.path.display(),
+                        exe.path.display()
+                    ));
+                } else {
+                    exes.push(exe);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                parse_error.get_or_insert(e);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo {} failed ({status})", args.join(" ")));
+    }
+    match parse_error {
+        Some(e) => Err(e),
+        None => Ok(exes),
+    }
+}
+
+/// The executable of one `compiler-artifact` message, when it is a test
+/// profile artifact of `kind`: the lib's unit tests and integration tests for
+/// `Kind::Test`, bench targets for `Kind::Bench`.
+fn artifact(line: &str, kind: Kind) -> Result<Option<Exe>, String> {
+    if !line.starts_with('{') {
+        return Ok(None);
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("cargo printed bad JSON ({e}): {line}"))?;
+    if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+        return Ok(None);
+    }
+    let Some(path) = v["executable"].as_str() else {
+        return Ok(None);
+    };
+    let target = &v["target"];
+    let name = target["name"].as_str().unwrap_or_default();
+    let kinds: Vec<&str> = target["kind"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|k| k.as_str()).collect())
+        .unwrap_or_default();
+    let has = |k: &str| kinds.contains(&k);
+    let bundle_name = match kind {
+        Kind::Test if has("lib") || has("rlib") || has("cdylib") => UNIT_NAME.to_string(),
+        Kind::Test if has("bin") => format!("{name}-unit"),
+        Kind::Test if has("test") => name.to_string(),
+        Kind::Bench if has("bench") => name.to_string(),
+        _ => return Ok(None),
+    };
+    Ok(Some(Exe {
+        name: bundle_name,
+        kind,
+        path: PathBuf::from(path),
+    }))
+}
+
+/// Copies `<from>/<arch>/*.ptx` to `<to>/<arch>/`.
+fn copy_ptx(from: &Path, to: &Path) -> Result<(), String> {
+    for arch in crate::ptx::ARCHES {
+        let src = from.join(arch.name).join(build_ptx::PTX_FILE);
+        let dir = to.join(arch.name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::copy(&src, dir.join(build_ptx::PTX_FILE))
+            .map_err(|e| format!("copying {}: {e}", src.display()))?;
+    }
+    Ok(())
+}
+
+/// Copies the Python helpers of the benches (`benches/*.py`, e.g. the
+/// same-run PyTorch references) to `to`.
+fn copy_scripts(from: &Path, to: &Path) -> Result<(), String> {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some_and(|x| x == "py") {
+            std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
+            let dest = to.join(path.file_name().expect("a file name"));
+            std::fs::copy(&path, &dest).map_err(|e| format!("copying {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_run_script(file: &Path, exes: &[Exe]) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let list = |kind: Kind| {
+        exes.iter()
+            .filter(|e| e.kind == kind)
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let script = RUN_TEMPLATE
+        .replace("@TESTS@", &list(Kind::Test))
+        .replace("@BENCHES@", &list(Kind::Bench));
+    std::fs::write(file, script).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", file.display()))
+}
+
+/// Total size of the files under `dir`.
+fn dir_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let meta = entry.metadata().map_err(|e| e.to_string())?;
+        total += if meta.is_dir() {
+            dir_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+/// `program` from PATH.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}

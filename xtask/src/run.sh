@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# flashsample GPU bundle, written by `cargo xtask gpu-bundle`. Runs on a
+# machine with an NVIDIA GPU and driver; needs no Rust toolchain.
+#
+#   ./run [tests] [sanitize] [bench]     (default: all three, in that order)
+#
+# Logs go to $OUT, or to out/ next to this script when OUT is unset:
+#   environment.txt  tests.log  sanitizer.log  bench.log  bench.md  summary.txt
+#   torch_ref.json (PyTorch references, when python3 has torch and triton)
+# FLASHSAMPLE_SANITIZE=0 skips the compute-sanitizer step; FLASHSAMPLE_TORCH=0
+# skips the PyTorch references of the bench step.
+set -uo pipefail
+
+TESTS=(@TESTS@)
+BENCHES=(@BENCHES@)
+SANITIZE_TOOLS=(memcheck racecheck synccheck initcheck)
+# The tests the sanitizer runs: those whose names contain this.
+SANITIZE_FILTER=sanitize_
+
+usage() {
+    echo "usage: $0 [tests] [sanitize] [bench]   (default: all)"
+}
+
+steps=()
+for arg in "$@"; do
+    case "$arg" in
+        tests | sanitize | bench) steps+=("$arg") ;;
+        all) steps+=(tests sanitize bench) ;;
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        *)
+            echo "unknown step '$arg'" >&2
+            usage >&2
+            exit 2
+            ;;
+    esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${OUT:-$HERE/out}"
+mkdir -p "$OUT" || exit 1
+OUT="$(cd "$OUT" && pwd)"
+cd "$HERE" || exit 1
+
+export FLASHSAMPLE_REQUIRE_GPU=1
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# run_logged LOG COMMAND...: runs COMMAND, its output to the console and
+# appended to LOG; returns COMMAND's exit status.
+run_logged() {
+    local log="$1"
+    shift
+    echo "\$ $*" | tee -a "$log"
+    "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        echo "exit status $rc: $*" | tee -a "$log"
+    fi
+    return "$rc"
+}
+
+header() {
+    printf '\n======== %s ========\n' "$*"
+}
+
+declare -A RESULT
+
+step_tests() {
+    local log="$OUT/tests.log" failed=() t
+    : >"$log"
+    for t in "${TESTS[@]}"; do
+        local args=()
+        # GPU tests share one device: run them one at a time.
+        case "$t" in gpu | gpu_* | gpu-*) args=(--test-threads=1) ;; esac
+        run_logged "$log" "bin/$t" "${args[@]}" || failed+=("$t")
+    done
+    if [ ${#failed[@]} -eq 0 ]; then
+        RESULT[tests]="ok (${#TESTS[@]} executables)"
+    else
+        RESULT[tests]="FAILED (${failed[*]})"
+    fi
+}
+
+find_sanitizer() {
+    local p
+    if p="$(command -v compute-sanitizer)"; then
+        echo "$p"
+        return 0
+    fi
+    for p in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+        if [ -x "$p" ]; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+step_sanitize() {
+    local log="$OUT/sanitizer.log" san failed=() tool
+    if [ "${FLASHSAMPLE_SANITIZE:-1}" = 0 ]; then
+        RESULT[sanitize]="skipped (FLASHSAMPLE_SANITIZE=0)"
+        return
+    fi
+    if ! san="$(find_sanitizer)"; then
+        RESULT[sanitize]="skipped (compute-sanitizer not found)"
+        return
+    fi
+    if [ ! -x bin/gpu ]; then
+        RESULT[sanitize]="skipped (no bin/gpu in this bundle)"
+        return
+    fi
+    : >"$log"
+    local matched
+    matched="$(bin/gpu --list "$SANITIZE_FILTER" 2>/dev/null | grep -c ': test$')"
+    if [ "${matched:-0}" -eq 0 ]; then
+        echo "no test of bin/gpu has '$SANITIZE_FILTER' in its name" | tee -a "$log"
+        RESULT[sanitize]="skipped (no test name contains '$SANITIZE_FILTER')"
+        return
+    fi
+    for tool in "${SANITIZE_TOOLS[@]}"; do
+        run_logged "$log" "$san" --tool "$tool" --error-exitcode 1 \
+            bin/gpu --test-threads=1 "$SANITIZE_FILTER" || failed+=("$tool")
+    done
+    if [ ${#failed[@]} -eq 0 ]; then
+        RESULT[sanitize]="ok ($matched tests under ${SANITIZE_TOOLS[*]})"
+    elif grep -q 'terminated before first instrumented API call' "$log"; then
+        # The sanitizer fails a run that never calls CUDA: the tests skipped
+        # the GPU, so nothing was checked.
+        RESULT[sanitize]="FAILED (${failed[*]}; some runs made no CUDA call, see sanitizer.log)"
+    else
+        RESULT[sanitize]="FAILED (${failed[*]})"
+    fi
+}
+
+step_bench() {
+    local log="$OUT/bench.log" failed=() b md ref="${FLASHSAMPLE_TORCH_REF:-}" note=""
+    : >"$log"
+    if [ ${#BENCHES[@]} -eq 0 ]; then
+        RESULT[bench]="skipped (no bench executables in this bundle)"
+        return
+    fi
+    # Same-run PyTorch references for the bench report, when this machine
+    # has PyTorch (FLASHSAMPLE_TORCH=0 skips them; a preset
+    # FLASHSAMPLE_TORCH_REF is used as is).
+    if [ -z "$ref" ] && [ "${FLASHSAMPLE_TORCH:-1}" != 0 ] && [ -f scripts/torch_reference.py ]; then
+        if python3 -c 'import torch, triton' >/dev/null 2>&1; then
+            if run_logged "$log" python3 scripts/torch_reference.py "$OUT/torch_ref.json"; then
+                ref="$OUT/torch_ref.json"
+            else
+                note="; PyTorch references failed, see bench.log"
+            fi
+        else
+            note="; no PyTorch references (python3 cannot import torch and triton)"
+            echo "note: python3 cannot import torch and triton: benching without PyTorch references" | tee -a "$log"
+        fi
+    fi
+    for b in "${BENCHES[@]}"; do
+        md="$OUT/bench.md"
+        [ "$b" = sampling ] || md="$OUT/bench-$b.md"
+        if [ -n "$ref" ]; then
+            run_logged "$log" env FLASHSAMPLE_BENCH_OUT="$md" FLASHSAMPLE_TORCH_REF="$ref" "bin/$b" || failed+=("$b")
+        else
+            run_logged "$log" env FLASHSAMPLE_BENCH_OUT="$md" "bin/$b" || failed+=("$b")
+        fi
+    done
+    if [ ${#failed[@]} -eq 0 ]; then
+        RESULT[bench]="ok (report: $OUT/bench.md$note)"
+    else
+        RESULT[bench]="FAILED (${failed[*]}$note)"
+    fi
+}
+
+header environment
+{
+    echo "date: $(date -u '+%Y-%m-%dT%H:%M:%SZ')"
+    echo "host: $(uname -n) $(uname -srm)"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi -L || echo "nvidia-smi -L failed"
+    else
+        echo "nvidia-smi not found"
+    fi
+    echo "steps: ${steps[*]}"
+    echo "out: $OUT"
+} 2>&1 | tee "$OUT/environment.txt"
+
+declare -A ELAPSED
+for step in "${steps[@]}"; do
+    header "$step"
+    start=$SECONDS
+    "step_$step"
+    ELAPSED[$step]=$((SECONDS - start))
+done
+
+header summary
+status=0
+{
+    for step in "${steps[@]}"; do
+        printf '%-9s %s  [%ss]\n' "$step" "${RESULT[$step]}" "${ELAPSED[$step]}"
+    done
+} | tee "$OUT/summary.txt"
+for step in "${steps[@]}"; do
+    case "${RESULT[$step]}" in FAILED*) status=1 ;; esac
+done
+exit "$status"
