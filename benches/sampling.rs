@@ -14,6 +14,7 @@ mod common;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::{Result, RowParams, Rows, SampleOutput, Workspace};
 use rand::SeedableRng;
@@ -33,8 +34,12 @@ fn time_us(
     }
     let ctx = stream.context();
     let mut times = Vec::with_capacity(reps);
-    let start = ctx.new_event(None).map_err(flashsample::Error::from)?;
-    let end = ctx.new_event(None).map_err(flashsample::Error::from)?;
+    let start = ctx
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(flashsample::Error::from)?;
+    let end = ctx
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(flashsample::Error::from)?;
     for i in 0..reps {
         start.record(stream).map_err(flashsample::Error::from)?;
         f(warmup + i)?;

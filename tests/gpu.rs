@@ -159,8 +159,8 @@ fn gumbel_filter_error_is_within_its_bound() {
     );
 }
 
-/// >= 10,000 rows, V from 111 to 262144, every distribution (ties, +-inf,
-/// NaN, invalid rows) and temperature (greedy included).
+/// At least 10,000 rows, V from 111 to 262144, every distribution (ties,
+/// +-inf, NaN, invalid rows) and temperature (greedy included).
 #[test]
 fn sampling_f32_matches_float64_reference() {
     let Some((dev, stream)) = common::gpu("sampling_f32_matches_float64_reference") else {

@@ -248,7 +248,6 @@ struct Truncation {
     /// Elements left by min-p and top-k (the prefix top-p works on).
     survivors: usize,
     kept: usize,
-    greedy: bool,
 }
 
 impl Truncation {
@@ -260,8 +259,7 @@ impl Truncation {
         let Some(weights) = weights(row, params.temperature, &order) else {
             return Ok(None);
         };
-        let greedy = is_greedy(params.temperature);
-        let (survivors, kept) = if greedy {
+        let (survivors, kept) = if is_greedy(params.temperature) {
             (1, 1)
         } else {
             // p_i >= min_p * p_max  <=>  w_i >= min_p * w_max (same normaliser).
@@ -283,7 +281,6 @@ impl Truncation {
             weights,
             survivors,
             kept,
-            greedy,
         }))
     }
 
@@ -297,11 +294,9 @@ impl Truncation {
     }
 
     /// The kept-set sizes top-p could produce with its threshold anywhere
-    /// within `1 +- TOP_P_BOUNDARY_REL` of its value.
+    /// within `1 +- TOP_P_BOUNDARY_REL` of its value (a greedy row's one
+    /// survivor is always kept).
     fn top_p_range(&self, top_p: f32) -> (usize, usize) {
-        if self.greedy {
-            return (self.kept, self.kept);
-        }
         let prefix = &self.order[..self.survivors];
         let len = |scale| top_p_len(prefix, &self.weights, top_p, scale);
         (len(1.0 - TOP_P_BOUNDARY_REL), len(1.0 + TOP_P_BOUNDARY_REL))
@@ -574,8 +569,9 @@ pub fn sample_gumbel(
 /// compiler fuses the multiply-add); the GPU can prefer the other token only
 /// if the two exact scores differ by at most the sum of both errors, and
 /// `|s| <= |x / T| + 23` (`|g| <= GUMBEL_MAX < 23`). The bound above covers
-/// that sum with a factor of more than two to spare. It does not cover a
-/// `|x / T|` beyond `f32::MAX`, which the f32 score cannot represent.
+/// that sum with a factor of more than two to spare. It does not cover
+/// what f32 cannot represent: `T < 1 / f32::MAX` (the GPU's `1 / T`
+/// overflows) or `|x / T| > f32::MAX`.
 ///
 /// Never accepted: a class difference (+inf against finite, a valid token
 /// against an invalid row), a different token on a greedy row (the keys
@@ -842,7 +838,7 @@ pub mod stats {
         }
         let total_p: f64 = probabilities.iter().sum();
         let draws: u64 = observed.iter().sum();
-        if !(total_p > 0.0) || draws == 0 {
+        if total_p == 0.0 || draws == 0 {
             return Err(ReferenceError::InvalidParam {
                 name: "draws",
                 value: draws as f64,

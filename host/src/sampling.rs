@@ -111,7 +111,7 @@ pub struct RawSampling {
 }
 
 fn check_ptr(name: &'static str, p: CUdeviceptr, align: u64) -> Result<()> {
-    if p == 0 || p % align != 0 {
+    if p == 0 || !p.is_multiple_of(align) {
         return Err(param(
             name,
             format_args!("{p:#x} (needs a non-null {align}-byte aligned address)"),

@@ -9,16 +9,18 @@
 
 use core::intrinsics::fmaf32;
 
-const LN2_HI: f32 = 0.693_145_751_953_125; // ln 2 with 16 trailing zero bits
-const LN2_LO: f32 = 1.428_606_820_309_417_2e-6; // ln 2 - LN2_HI
+// ln 2 split so that `e * LN2_HI` is exact for every exponent (the hex
+// values are the exact f32 bit patterns).
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0.693145751953125
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // ln 2 - LN2_HI
 const SQRT2: f32 = core::f32::consts::SQRT_2;
 
 /// A uniform number in the open interval (0, 1) from one random word:
-/// `(2m + 1) / 2^25` with `m` the word's top 24 bits, exactly representable,
-/// never 0 and never 1.
+/// `(2m + 1) / 2^24` with `m` the word's top 23 bits, exactly representable
+/// (24 significant bits), never 0 and never 1.
 #[inline(always)]
 pub fn uniform_open(bits: u32) -> f32 {
-    (((bits >> 8) << 1) | 1) as f32 * (1.0 / 33_554_432.0)
+    (((bits >> 9) << 1) | 1) as f32 * (1.0 / 16_777_216.0)
 }
 
 /// Natural logarithm of a positive, finite, normal `x`, to about one ulp.
@@ -116,7 +118,8 @@ mod tests {
     fn uniform_is_open() {
         assert!(uniform_open(0) > 0.0);
         assert!(uniform_open(u32::MAX) < 1.0);
-        assert_eq!(uniform_open(0), 1.0 / 33_554_432.0);
+        assert_eq!(uniform_open(0), 1.0 / 16_777_216.0);
+        assert_eq!(uniform_open(u32::MAX), 1.0 - 1.0 / 16_777_216.0);
     }
 
     #[test]

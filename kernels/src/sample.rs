@@ -69,7 +69,8 @@ pub fn gumbel_key(x: f32, inv_t: f32, noise_bits: u32, index: u32) -> u64 {
 /// Whether a row with this temperature is sampled greedily (T <= 0 or NaN).
 #[inline(always)]
 pub fn is_greedy(temperature: f32) -> bool {
-    !(temperature > 0.0)
+    // NaN compares false: a NaN temperature is greedy too.
+    temperature.is_nan() || temperature <= 0.0
 }
 
 #[cfg(test)]

@@ -62,6 +62,16 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if exes.is_empty() {
         return Err("cargo built no test or bench executables".into());
     }
+    for (i, a) in exes.iter().enumerate() {
+        if let Some(b) = exes[i + 1..].iter().find(|b| b.name == a.name) {
+            return Err(format!(
+                "a test and a bench would both be bin/{}: {} and {}",
+                a.name,
+                a.path.display(),
+                b.path.display()
+            ));
+        }
+    }
     // Run order: benches last, the library's unit tests first, then by name.
     exes.sort_by(|a, b| {
         (a.kind == Kind::Bench, a.name != UNIT_NAME, &a.name).cmp(&(
