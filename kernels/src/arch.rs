@@ -41,7 +41,11 @@ pub fn bar_sync() {
     unsafe { nvptx::_syncthreads() }
 }
 
-/// `shfl.sync.bfly.b32` over the full warp.
+/// `shfl.sync.bfly.b32` over the full warp: every lane must execute it.
+///
+/// Deliberately not `pure`: a pure `asm!` may be sunk by LLVM into a branch
+/// that uses its result (it does not know the instruction is convergent),
+/// which leaves a full-warp shuffle executed by one lane, a hang.
 #[inline(always)]
 pub fn shfl_bfly_u32(x: u32, lane_mask: u32) -> u32 {
     let r: u32;
@@ -49,7 +53,7 @@ pub fn shfl_bfly_u32(x: u32, lane_mask: u32) -> u32 {
     unsafe {
         asm!("shfl.sync.bfly.b32 {r}, {x}, {m}, 0x1f, 0xffffffff;",
              r = out(reg32) r, x = in(reg32) x, m = in(reg32) lane_mask,
-             options(pure, nomem, nostack))
+             options(nostack))
     };
     r
 }
