@@ -112,18 +112,21 @@ impl Race {
     }
 
     /// Four consecutive tokens `j .. j + 4`, `j` a multiple of 4 (one Philox
-    /// call covers them).
+    /// call covers them). Written out rather than looped: an indexed loop
+    /// over the arrays left them in local memory.
     #[inline(always)]
     fn visit4(&mut self, x: [f32; 4], j: u32) {
         if self.greedy {
-            for (i, &xi) in x.iter().enumerate() {
-                self.visit_greedy(xi, j + i as u32);
-            }
+            self.visit_greedy(x[0], j);
+            self.visit_greedy(x[1], j + 1);
+            self.visit_greedy(x[2], j + 2);
+            self.visit_greedy(x[3], j + 3);
         } else {
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-            for i in 0..4 {
-                self.visit(x[i], r[i], j + i as u32);
-            }
+            self.visit(x[0], r[0], j);
+            self.visit(x[1], r[1], j + 1);
+            self.visit(x[2], r[2], j + 2);
+            self.visit(x[3], r[3], j + 3);
         }
     }
 
@@ -145,9 +148,8 @@ fn bf16_to_f32(h: u32) -> f32 {
 /// Loads of one element type: 16-byte vectors of `LANES` elements.
 trait Elem {
     const LANES: u32;
-    /// # Safety
-    /// `p` is 16-byte aligned with 16 readable bytes.
-    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race);
+    /// Visits the `LANES` tokens of a loaded vector starting at token `j`.
+    fn visit_vec(v: [u32; 4], j: u32, race: &mut Race);
     /// # Safety
     /// `p` points to one readable element.
     unsafe fn load1(p: *const u8) -> f32;
@@ -161,10 +163,14 @@ impl Elem for F32 {
     const LANES: u32 = 4;
     const BYTES: usize = 4;
     #[inline(always)]
-    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race) {
-        // SAFETY: caller's contract.
-        let v = unsafe { arch::ld_global_nc_v4_u32(p as *const u32) };
-        race.visit4(v.map(f32::from_bits), j);
+    fn visit_vec(v: [u32; 4], j: u32, race: &mut Race) {
+        let x = [
+            f32::from_bits(v[0]),
+            f32::from_bits(v[1]),
+            f32::from_bits(v[2]),
+            f32::from_bits(v[3]),
+        ];
+        race.visit4(x, j);
     }
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
@@ -177,13 +183,21 @@ impl Elem for Bf16 {
     const LANES: u32 = 8;
     const BYTES: usize = 2;
     #[inline(always)]
-    unsafe fn visit_vec(p: *const u8, j: u32, race: &mut Race) {
-        // SAFETY: caller's contract.
-        let v = unsafe { arch::ld_global_nc_v4_u32(p as *const u32) };
-        let lo = [v[0] & 0xffff, v[0] >> 16, v[1] & 0xffff, v[1] >> 16];
-        let hi = [v[2] & 0xffff, v[2] >> 16, v[3] & 0xffff, v[3] >> 16];
-        race.visit4(lo.map(bf16_to_f32), j);
-        race.visit4(hi.map(bf16_to_f32), j + 4);
+    fn visit_vec(v: [u32; 4], j: u32, race: &mut Race) {
+        let lo = [
+            bf16_to_f32(v[0] & 0xffff),
+            bf16_to_f32(v[0] >> 16),
+            bf16_to_f32(v[1] & 0xffff),
+            bf16_to_f32(v[1] >> 16),
+        ];
+        let hi = [
+            bf16_to_f32(v[2] & 0xffff),
+            bf16_to_f32(v[2] >> 16),
+            bf16_to_f32(v[3] & 0xffff),
+            bf16_to_f32(v[3] >> 16),
+        ];
+        race.visit4(lo, j);
+        race.visit4(hi, j + 4);
     }
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
@@ -229,19 +243,29 @@ unsafe fn sampling_from_logits<E: Elem>(
         let aligned = (row_ptr as usize) % 16 == 0 && split.vocab % lanes == 0;
         if aligned {
             // Chunks are multiples of 8 elements: every block starts aligned.
+            // Each thread issues UNROLL 16-byte loads before using the first.
             let nvec = (hi - lo) / lanes;
+            let vec_ptr =
+                |vi: u32| row_ptr.add((lo + vi * lanes) as usize * E::BYTES) as *const u32;
             let mut v = tid;
-            while v < nvec {
-                let mut k = 0;
-                while k < UNROLL {
-                    let vi = v + k * ROW_THREADS;
-                    if vi < nvec {
-                        let j = lo + vi * lanes;
-                        E::visit_vec(row_ptr.add(j as usize * E::BYTES), j, &mut race);
-                    }
-                    k += 1;
-                }
+            while v + (UNROLL - 1) * ROW_THREADS < nvec {
+                let a = arch::ld_global_nc_v4_u32(vec_ptr(v));
+                let b = arch::ld_global_nc_v4_u32(vec_ptr(v + ROW_THREADS));
+                let c = arch::ld_global_nc_v4_u32(vec_ptr(v + 2 * ROW_THREADS));
+                let d = arch::ld_global_nc_v4_u32(vec_ptr(v + 3 * ROW_THREADS));
+                E::visit_vec(a, lo + v * lanes, &mut race);
+                E::visit_vec(b, lo + (v + ROW_THREADS) * lanes, &mut race);
+                E::visit_vec(c, lo + (v + 2 * ROW_THREADS) * lanes, &mut race);
+                E::visit_vec(d, lo + (v + 3 * ROW_THREADS) * lanes, &mut race);
                 v += UNROLL * ROW_THREADS;
+            }
+            while v < nvec {
+                E::visit_vec(
+                    arch::ld_global_nc_v4_u32(vec_ptr(v)),
+                    lo + v * lanes,
+                    &mut race,
+                );
+                v += ROW_THREADS;
             }
         } else {
             let mut j = lo + tid;
