@@ -21,8 +21,13 @@ use rand::SeedableRng;
 
 const L2_BYTES: usize = 60 << 20;
 
-/// Median of `reps` event-timed runs of `f(i)` (i = rotation index), after
-/// `warmup` untimed ones, in microseconds.
+/// Calls back to back between one pair of events: the stream stays full,
+/// so the time per call is the GPU's, not the host's launch latency.
+const CALLS_PER_SAMPLE: usize = 20;
+
+/// Median over `reps` samples of the time per call of `f(i)` (i = rotation
+/// index), each sample timing [`CALLS_PER_SAMPLE`] calls between two events,
+/// after `warmup` untimed calls, in microseconds.
 fn time_us(
     stream: &Arc<CudaStream>,
     warmup: usize,
@@ -34,18 +39,18 @@ fn time_us(
     }
     let ctx = stream.context();
     let mut times = Vec::with_capacity(reps);
-    let start = ctx
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(flashsample::Error::from)?;
-    let end = ctx
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(flashsample::Error::from)?;
-    for i in 0..reps {
-        start.record(stream).map_err(flashsample::Error::from)?;
-        f(warmup + i)?;
-        end.record(stream).map_err(flashsample::Error::from)?;
-        end.synchronize().map_err(flashsample::Error::from)?;
-        times.push(f64::from(start.elapsed_ms(&end).map_err(flashsample::Error::from)?) * 1000.0);
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut i = warmup;
+    for _ in 0..reps {
+        start.record(stream)?;
+        for _ in 0..CALLS_PER_SAMPLE {
+            f(i)?;
+            i += 1;
+        }
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / CALLS_PER_SAMPLE as f64);
     }
     times.sort_by(f64::total_cmp);
     Ok(times[reps / 2])
@@ -113,7 +118,7 @@ fn main() -> Result<()> {
     let mut gib = gib;
     stream.memcpy_htod(&words, &mut gib)?;
     drop(words);
-    let t_read = time_us(&stream, 3, 20, |_| {
+    let t_read = time_us(&stream, 3, 5, |_| {
         dev.read_once(&stream, &gib.as_view(), &mut ws)
     })?;
     let read_bw = (1u64 << 30) as f64 / (t_read * 1e-6);
@@ -141,7 +146,7 @@ fn main() -> Result<()> {
         for batch in [1usize, 32, 128, 1024] {
             let rows = Rows::contiguous(batch, vocab);
             let bytes = batch * vocab * 4;
-            let copies = (2 * L2_BYTES).div_ceil(bytes).clamp(1, 64);
+            let copies = (2 * L2_BYTES).div_ceil(bytes).clamp(1, 256);
             let mut host = Vec::with_capacity(batch * vocab);
             for _ in 0..batch.min(64) {
                 common::push_row(&mut rng, common::Dist::Gaussian, vocab, &mut host);
@@ -161,7 +166,7 @@ fn main() -> Result<()> {
             )?;
             let mut out = SampleOutput::new(&stream, batch)?;
             let floor = bytes as f64 / read_bw * 1e6;
-            let t = time_us(&stream, 5, 50, |i| {
+            let t = time_us(&stream, 5, 9, |i| {
                 dev.sampling_from_logits(
                     &stream,
                     &bufs[i % copies].as_view(),
@@ -185,7 +190,7 @@ fn main() -> Result<()> {
             .ok();
             // Softmax: read + write floor.
             let mut probs: CudaSlice<f32> = stream.alloc_zeros(batch * vocab)?;
-            let ts = time_us(&stream, 3, 20, |i| {
+            let ts = time_us(&stream, 3, 5, |i| {
                 dev.softmax(
                     &stream,
                     &bufs[i % copies].as_view(),
