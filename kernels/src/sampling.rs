@@ -40,10 +40,6 @@ fn gumbel_approx(bits: u32) -> f32 {
     -LN2 * arch::lg2_approx_f32(e)
 }
 
-/// Above every approximate noise value: [`noise::GUMBEL_MAX`] plus twice
-/// the approximation error (see [`Race::visit`]).
-const GUMBEL_NOISE_CAP: f32 = noise::GUMBEL_MAX + 2.0 * GUMBEL_APPROX_ERR;
-
 /// The approximate score a token must reach to be worth an exact look, given
 /// the best approximate score `a` seen so far (see [`Race::visit`]).
 #[inline(always)]
@@ -88,22 +84,12 @@ impl Race {
         }
     }
 
-    /// Token `j` with logit `x`, scaled logit `xs = x * inv_t` and noise
-    /// word `bits`.
     #[inline(always)]
-    fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
-        // Cheapest rejection first: `c` bounds the approximate noise from
-        // above (the noise bound plus twice the approximation error, which
-        // also covers the rounding of `c`), so `xs + c < thr` implies
-        // `a < thr` for the `a` below: the same tokens are skipped, sooner.
-        let c = noise::gumbel_upper_bound(bits) + 2.0 * GUMBEL_APPROX_ERR;
-        if xs + c < self.thr {
-            return;
-        }
+    fn visit(&mut self, x: f32, bits: u32, j: u32) {
         let a = if x == f32::INFINITY {
             f32::INFINITY
         } else {
-            xs + gumbel_approx(bits)
+            x * self.inv_t + gumbel_approx(bits)
         };
         if a >= self.thr {
             let k = sample::gumbel_key(x, self.inv_t, bits, j);
@@ -136,23 +122,11 @@ impl Race {
             self.visit_greedy(x[2], j + 2);
             self.visit_greedy(x[3], j + 3);
         } else {
-            let xs = [
-                x[0] * self.inv_t,
-                x[1] * self.inv_t,
-                x[2] * self.inv_t,
-                x[3] * self.inv_t,
-            ];
-            // No noise can lift any of the four to the threshold: skip the
-            // Philox call (typical of real, peaked logits at T <= 1).
-            let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
-            if top + GUMBEL_NOISE_CAP < self.thr {
-                return;
-            }
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-            self.visit(x[0], xs[0], r[0], j);
-            self.visit(x[1], xs[1], r[1], j + 1);
-            self.visit(x[2], xs[2], r[2], j + 2);
-            self.visit(x[3], xs[3], r[3], j + 3);
+            self.visit(x[0], r[0], j);
+            self.visit(x[1], r[1], j + 1);
+            self.visit(x[2], r[2], j + 2);
+            self.visit(x[3], r[3], j + 3);
         }
     }
 
@@ -161,12 +135,7 @@ impl Race {
         if self.greedy {
             self.visit_greedy(x, j);
         } else {
-            self.visit(
-                x,
-                x * self.inv_t,
-                philox::token_noise(self.key, self.offset, j),
-                j,
-            );
+            self.visit(x, philox::token_noise(self.key, self.offset, j), j);
         }
     }
 }
