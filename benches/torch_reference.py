@@ -36,4 +36,20 @@ for V in [128256, 262144]:
         res[f"softmax f32 B={B} V={V}"] = dict(torch_softmax_us=round(bench(lambda: torch.softmax(logits / t, -1)), 1))
         print(B, V, res[f"sampling_from_logits f32 B={B} V={V}"], flush=True)
         del logits
+for V, d in [(151936, 4096), (128256, 8192), (262144, 5376)]:
+    W = (torch.rand(V, d, device=dev, dtype=torch.bfloat16) * 2 - 1) * (3.0 / d**0.5)
+    for B in [1, 8, 32, 64, 128, 256]:
+        h = torch.rand(B, d, device=dev, dtype=torch.bfloat16) * 2 - 1
+
+        def mm_gumbel():
+            logits = (h @ W.T).float()
+            g = -torch.log(-torch.log(torch.rand_like(logits)))
+            return (logits / 0.8 + g).argmax(-1)
+
+        res[f"fused bf16 B={B} V={V} d={d}"] = dict(
+            torch_matmul_us=round(bench(lambda: h @ W.T), 1),
+            torch_mm_gumbel_us=round(bench(mm_gumbel), 1),
+        )
+        print(B, V, d, res[f"fused bf16 B={B} V={V} d={d}"], flush=True)
+    del W
 json.dump(res, open(sys.argv[1], "w"), indent=1)

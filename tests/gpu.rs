@@ -475,3 +475,638 @@ fn bad_arguments_are_rejected() {
         "{err:?}"
     );
 }
+
+/// A random LM-head problem: hidden states `[batch, dim]`, weights
+/// `[vocab, dim]` (bf16 values, kept widened to f32 for the reference),
+/// optional bias, per-row parameters.
+struct Head {
+    shape: flashsample::HeadShape,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    temperature: Vec<f32>,
+    seed: Vec<u64>,
+    offset: Vec<u64>,
+}
+
+impl Head {
+    fn random(rng: &mut StdRng, batch: usize, vocab: usize, dim: usize, with_bias: bool) -> Head {
+        let normal = |rng: &mut StdRng| {
+            let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        };
+        // Logits of a few units: |h| ~ 1, |W| ~ 3 / sqrt(dim).
+        let ws = 3.0 / (dim as f32).sqrt();
+        let hidden = (0..batch * dim)
+            .map(|_| common::bf16_round(normal(rng)))
+            .collect();
+        let weight = (0..vocab * dim)
+            .map(|_| common::bf16_round(ws * normal(rng)))
+            .collect();
+        let bias = with_bias.then(|| (0..vocab).map(|_| normal(rng)).collect());
+        Head {
+            shape: flashsample::HeadShape::new(batch, vocab, dim),
+            hidden,
+            weight,
+            bias,
+            temperature: (0..batch)
+                .map(|_| [0.0f32, 0.3, 1.0, 2.0][rng.random_range(0..4)])
+                .collect(),
+            seed: (0..batch).map(|_| rng.random()).collect(),
+            offset: (0..batch)
+                .map(|_| rng.random_range(0..1u64 << 40))
+                .collect(),
+        }
+    }
+
+    fn reference(&self, r: usize) -> reference::HeadLogits {
+        let d = self.shape.dim;
+        reference::lm_head_logits(
+            &self.hidden[r * d..(r + 1) * d],
+            &self.weight,
+            self.bias.as_deref(),
+        )
+        .unwrap()
+    }
+}
+
+fn to_bf16(x: &[f32]) -> Vec<half::bf16> {
+    x.iter().map(|&v| half::bf16::from_f32(v)).collect()
+}
+
+/// Runs the fused sampler on `head` (bf16) and returns (tokens, log
+/// normalisers, logprobs); outputs poisoned first.
+fn fused_on_gpu(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    head: &Head,
+    ws: &mut Workspace,
+) -> (Vec<Option<u32>>, Vec<f32>, Vec<f32>) {
+    let b = head.shape.batch;
+    let h = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
+    let w = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
+    let bias = head.bias.as_ref().map(|b| stream.clone_htod(b).unwrap());
+    let params = RowParams::upload(stream, &head.temperature, &head.seed, &head.offset).unwrap();
+    let mut out = flashsample::FusedOutput::new(stream, b).unwrap();
+    stream
+        .memcpy_htod(&vec![u32::MAX; b], &mut out.tokens)
+        .unwrap();
+    stream.memcpy_htod(&vec![7u8; b], &mut out.valid).unwrap();
+    stream
+        .memcpy_htod(&vec![f32::NAN; b], &mut out.log_normalizer)
+        .unwrap();
+    let bias_view = bias.as_ref().map(|b| b.as_view());
+    dev.fused_sample(
+        stream,
+        &h.as_view(),
+        &w.as_view(),
+        bias_view.as_ref(),
+        head.shape,
+        &params,
+        &mut out,
+        ws,
+    )
+    .unwrap();
+    let tokens = stream.clone_dtoh(&out.tokens).unwrap();
+    let valid = stream.clone_dtoh(&out.valid).unwrap();
+    let tokens = tokens
+        .iter()
+        .zip(&valid)
+        .map(|(&t, &v)| {
+            assert!(v <= 1, "valid flag not written: {v}");
+            assert!(
+                t < head.shape.vocab as u32,
+                "token {t} outside [0, {})",
+                head.shape.vocab
+            );
+            (v == 1).then_some(t)
+        })
+        .collect();
+    (
+        tokens,
+        stream.clone_dtoh(&out.log_normalizer).unwrap(),
+        stream.clone_dtoh(&out.logprob).unwrap(),
+    )
+}
+
+/// Checks every row of a fused call against the float64 reference: token
+/// (within the f32-accumulation bound), log-normaliser and log-probability.
+fn check_fused(head: &Head, got: &(Vec<Option<u32>>, Vec<f32>, Vec<f32>), report: &mut Mismatches) {
+    for r in 0..head.shape.batch {
+        let refl = head.reference(r);
+        let (t, s, o) = (head.temperature[r], head.seed[r], head.offset[r]);
+        let res = reference::fused_tokens_agree(&refl, t, s, o, got.0[r]);
+        report.check(res.is_ok(), || {
+            format!(
+                "B={} V={} d={} row {r} T={t}: {}",
+                head.shape.batch,
+                head.shape.vocab,
+                head.shape.dim,
+                res.unwrap_err()
+            )
+        });
+        // ln sum exp(logit / T) (T = 1 for greedy rows) in f64, and its
+        // error bound from the logits' bounds.
+        let scale = if t > 0.0 { 1.0 / f64::from(t) } else { 1.0 };
+        let m = refl
+            .logits
+            .iter()
+            .fold(f64::NEG_INFINITY, |a, &x| a.max(x * scale));
+        let lse = m + refl
+            .logits
+            .iter()
+            .map(|&x| (x * scale - m).exp())
+            .sum::<f64>()
+            .ln();
+        let err = refl.error_bound.iter().fold(0.0f64, |a, &e| a.max(e)) * scale
+            + 1e-5 * (1.0 + lse.abs());
+        let ok = (f64::from(got.1[r]) - lse).abs() <= err;
+        report.check(ok, || {
+            format!(
+                "row {r}: log-normaliser {} vs float64 {lse} (bound {err:e})",
+                got.1[r]
+            )
+        });
+        if let Some(tok) = got.0[r] {
+            let lp = refl.logits[tok as usize] * scale - lse;
+            let ok = (f64::from(got.2[r]) - lp).abs() <= 2.0 * err;
+            report.check(ok, || {
+                format!("row {r}: logprob {} vs float64 {lp}", got.2[r])
+            });
+        }
+    }
+}
+
+/// At least 2,000 random (B, V, d) cases, V and d not multiples of any tile,
+/// B from 1 to 256, temperatures {0, 0.3, 1, 2}, with and without bias.
+#[test]
+fn fused_matches_float64_reference() {
+    let Some((dev, stream)) = common::gpu("fused_matches_float64_reference") else {
+        return;
+    };
+    let mut rng = common::rng("fused_matches_float64_reference");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let mut cases = 0;
+    for i in 0..2000 {
+        let batch = [1usize, 2, 7, 16, 17, 33, 64, 65, 130, 256][i % 10].min(if i % 7 == 0 {
+            256
+        } else {
+            40
+        });
+        let vocab = [1usize, 127, 128, 129, 1000, 2053][rng.random_range(0..6)];
+        let dim = 8 * rng.random_range(1..=48);
+        let head = Head::random(&mut rng, batch, vocab, dim, i % 3 == 0);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        check_fused(&head, &got, &mut report);
+        cases += 1;
+    }
+    // Two cases at a real head's size.
+    for (batch, vocab, dim) in [(4, 151_936, 4096), (3, 128_256, 1000)] {
+        let head = Head::random(&mut rng, batch, vocab, dim, false);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        check_fused(&head, &got, &mut report);
+        cases += 1;
+    }
+    println!("{cases} fused cases");
+    report.assert_none("fused tokens, log-normalisers and logprobs vs float64 reference");
+}
+
+/// The fused and the unfused (cuBLAS logits + sampling_from_logits)
+/// pipelines agree on at least 99.9 % of rows for the same seeds; every
+/// disagreement is a near-tie within the f32 bound.
+#[test]
+fn fused_agrees_with_unfused_pipeline() {
+    let Some((dev, stream)) = common::gpu("fused_agrees_with_unfused_pipeline") else {
+        return;
+    };
+    let mut rng = common::rng("fused_agrees_with_unfused_pipeline");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut unfused = flashsample::Unfused::new(&stream).unwrap();
+    let (mut rows, mut same) = (0usize, 0usize);
+    let mut report = Mismatches::default();
+    for (batch, vocab, dim) in [
+        (256, 32_000, 512),
+        (64, 50_000, 1024),
+        (7, 151_936, 2048),
+        (256, 4099, 256),
+    ] {
+        let head = Head::random(&mut rng, batch, vocab, dim, false);
+        let fused = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        let h = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
+        let w = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
+        let params =
+            RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap();
+        let mut out = SampleOutput::new(&stream, batch).unwrap();
+        unfused
+            .sample(
+                &dev,
+                &h.as_view(),
+                &w.as_view(),
+                head.shape,
+                &params,
+                &mut out,
+                &mut ws,
+            )
+            .unwrap();
+        let tokens = stream.clone_dtoh(&out.tokens).unwrap();
+        for r in 0..batch {
+            rows += 1;
+            if fused.0[r] == Some(tokens[r]) {
+                same += 1;
+            } else {
+                let refl = head.reference(r);
+                let res = reference::fused_tokens_agree(
+                    &refl,
+                    head.temperature[r],
+                    head.seed[r],
+                    head.offset[r],
+                    Some(tokens[r]),
+                );
+                report.check(res.is_ok(), || {
+                    format!("unfused token off the reference: {}", res.unwrap_err())
+                });
+            }
+        }
+    }
+    println!("fused == unfused on {same} of {rows} rows");
+    report.assert_none("unfused disagreements are near-ties");
+    assert!(
+        same as f64 >= 0.999 * rows as f64,
+        "fused and unfused agree on only {same} of {rows} rows"
+    );
+}
+
+/// A row's token and log-normaliser bits do not depend on the batch (which
+/// picks the batch tile of 16, 32 or 64 rows and the grid) or its position.
+#[test]
+fn fused_is_independent_of_batch_and_position() {
+    let Some((dev, stream)) = common::gpu("fused_is_independent_of_batch_and_position") else {
+        return;
+    };
+    let mut rng = common::rng("fused_is_independent_of_batch_and_position");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let (vocab, dim) = (20_011, 264);
+    let probe = Head::random(&mut rng, 4, vocab, dim, true);
+    let alone = fused_on_gpu(&dev, &stream, &probe, &mut ws);
+    for batch in [5usize, 31, 64, 200] {
+        let mut big = Head::random(&mut rng, batch, vocab, dim, true);
+        big.weight.clone_from(&probe.weight);
+        big.bias.clone_from(&probe.bias);
+        let slots: Vec<usize> = (0..4).map(|i| batch - 1 - i * (batch / 4)).collect();
+        for (i, &s) in slots.iter().enumerate() {
+            big.hidden[s * dim..(s + 1) * dim]
+                .copy_from_slice(&probe.hidden[i * dim..(i + 1) * dim]);
+            big.temperature[s] = probe.temperature[i];
+            big.seed[s] = probe.seed[i];
+            big.offset[s] = probe.offset[i];
+        }
+        let got = fused_on_gpu(&dev, &stream, &big, &mut ws);
+        for (i, &s) in slots.iter().enumerate() {
+            assert_eq!(
+                got.0[s], alone.0[i],
+                "B={batch}: row {i} at {s} changed its token"
+            );
+            assert_eq!(
+                got.1[s].to_bits(),
+                alone.1[i].to_bits(),
+                "B={batch}: row {i} at {s} changed its log-normaliser"
+            );
+        }
+    }
+}
+
+/// 10^6 fused draws from a 48-token head against the exact distribution of
+/// its (float64) logits, at 99 %.
+#[test]
+fn fused_chi_square_small_head() {
+    let Some((dev, stream)) = common::gpu("fused_chi_square_small_head") else {
+        return;
+    };
+    let mut rng = common::rng("fused_chi_square_small_head");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let (batch, vocab, dim) = (1000usize, 48usize, 64usize);
+    let one = Head::random(&mut rng, 1, vocab, dim, false);
+    let t = 1.0f32;
+    let refl = one.reference(0);
+    let m = refl.logits.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+    let z: f64 = refl.logits.iter().map(|&x| (x - m).exp()).sum();
+    let probs: Vec<f64> = refl.logits.iter().map(|&x| (x - m).exp() / z).collect();
+    let hidden: Vec<f32> = (0..batch)
+        .flat_map(|_| one.hidden.iter().copied())
+        .collect();
+    let h = stream.clone_htod(&to_bf16(&hidden)).unwrap();
+    let w = stream.clone_htod(&to_bf16(&one.weight)).unwrap();
+    let mut out = flashsample::FusedOutput::new(&stream, batch).unwrap();
+    let seed: u64 = rng.random();
+    let mut counts = vec![0u64; vocab];
+    for step in 0..1000u64 {
+        let offsets: Vec<u64> = (0..batch as u64).map(|r| step * batch as u64 + r).collect();
+        let params =
+            RowParams::upload(&stream, &vec![t; batch], &vec![seed; batch], &offsets).unwrap();
+        let shape = flashsample::HeadShape::new(batch, vocab, dim);
+        dev.fused_sample(
+            &stream,
+            &h.as_view(),
+            &w.as_view(),
+            None,
+            shape,
+            &params,
+            &mut out,
+            &mut ws,
+        )
+        .unwrap();
+        for tok in stream.clone_dtoh(&out.tokens).unwrap() {
+            counts[tok as usize] += 1;
+        }
+    }
+    let p = reference::stats::chi_square(&counts, &probs)
+        .unwrap()
+        .p_value;
+    println!("fused chi-square over 10^6 draws, V = {vocab}: p = {p:.4}");
+    assert!(p > 0.01, "fused draws do not follow the softmax: p = {p}");
+}
+
+/// Small fused cases over every variant (batch tiles 16/32/64 and several
+/// batch tiles, vocabulary and k tails, bias, f16); run under
+/// compute-sanitizer by the bundle.
+#[test]
+fn sanitize_fused_paths() {
+    let Some((dev, stream)) = common::gpu("sanitize_fused_paths") else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(13);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    for (batch, vocab, dim, bias) in [
+        (1, 1, 8, false),
+        (17, 129, 72, true),
+        (65, 300, 136, false),
+        (3, 1000, 64, true),
+    ] {
+        let head = Head::random(&mut rng, batch, vocab, dim, bias);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        check_fused(&head, &got, &mut report);
+    }
+    // f16 operands: the same values (bf16-rounded, then exactly
+    // representable in f16 at these magnitudes or rounded: the reference
+    // reads the f16 values).
+    let head = Head::random(&mut rng, 9, 257, 40, false);
+    let hf: Vec<half::f16> = head
+        .hidden
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let wf: Vec<half::f16> = head
+        .weight
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let h = stream.clone_htod(&hf).unwrap();
+    let w = stream.clone_htod(&wf).unwrap();
+    let params = RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap();
+    let mut out = flashsample::FusedOutput::new(&stream, 9).unwrap();
+    dev.fused_sample(
+        &stream,
+        &h.as_view(),
+        &w.as_view(),
+        None,
+        head.shape,
+        &params,
+        &mut out,
+        &mut ws,
+    )
+    .unwrap();
+    let tokens = stream.clone_dtoh(&out.tokens).unwrap();
+    let widened = Head {
+        hidden: hf.iter().map(|x| x.to_f32()).collect(),
+        weight: wf.iter().map(|x| x.to_f32()).collect(),
+        ..head
+    };
+    for (r, &tok) in tokens.iter().enumerate() {
+        let res = reference::fused_tokens_agree(
+            &widened.reference(r),
+            widened.temperature[r],
+            widened.seed[r],
+            widened.offset[r],
+            Some(tok),
+        );
+        report.check(res.is_ok(), || format!("f16 row {r}: {}", res.unwrap_err()));
+    }
+    report.assert_none("sanitize: fused paths");
+}
+
+/// A sampler call whose offsets can be rewritten in device memory between
+/// launches (as an engine advances them between graph replays).
+trait Replayable {
+    fn stream(&self) -> Arc<CudaStream>;
+    fn set_offsets(&mut self, offsets: &[u64]);
+    fn launch(&mut self);
+    fn tokens(&self) -> Vec<u32>;
+}
+
+struct RowSampling<'a> {
+    dev: &'a Device,
+    stream: Arc<CudaStream>,
+    logits: CudaSlice<f32>,
+    rows: Rows,
+    params: RowParams,
+    out: SampleOutput,
+    ws: Workspace,
+}
+
+impl Replayable for RowSampling<'_> {
+    fn stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
+    }
+    fn set_offsets(&mut self, offsets: &[u64]) {
+        self.stream
+            .memcpy_htod(offsets, &mut self.params.offset)
+            .unwrap();
+    }
+    fn launch(&mut self) {
+        self.dev
+            .sampling_from_logits(
+                &self.stream,
+                &self.logits.as_view(),
+                self.rows,
+                &self.params,
+                &mut self.out,
+                &mut self.ws,
+            )
+            .unwrap();
+    }
+    fn tokens(&self) -> Vec<u32> {
+        self.stream.clone_dtoh(&self.out.tokens).unwrap()
+    }
+}
+
+struct FusedSampling<'a> {
+    dev: &'a Device,
+    stream: Arc<CudaStream>,
+    hidden: CudaSlice<half::bf16>,
+    weight: CudaSlice<half::bf16>,
+    shape: flashsample::HeadShape,
+    params: RowParams,
+    out: flashsample::FusedOutput,
+    ws: Workspace,
+}
+
+impl Replayable for FusedSampling<'_> {
+    fn stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
+    }
+    fn set_offsets(&mut self, offsets: &[u64]) {
+        self.stream
+            .memcpy_htod(offsets, &mut self.params.offset)
+            .unwrap();
+    }
+    fn launch(&mut self) {
+        self.dev
+            .fused_sample(
+                &self.stream,
+                &self.hidden.as_view(),
+                &self.weight.as_view(),
+                None,
+                self.shape,
+                &self.params,
+                &mut self.out,
+                &mut self.ws,
+            )
+            .unwrap();
+    }
+    fn tokens(&self) -> Vec<u32> {
+        self.stream.clone_dtoh(&self.out.tokens).unwrap()
+    }
+}
+
+/// Captures the call once into a CUDA graph and replays it: the same
+/// offsets reproduce the tokens bit for bit, advanced offsets give the
+/// tokens of a direct call with those offsets.
+fn check_graph_replays(call: &mut dyn Replayable, base: &[u64]) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = call.stream();
+    let shifted: Vec<u64> = base.iter().map(|o| o + 1).collect();
+    call.set_offsets(&shifted);
+    call.launch();
+    let direct_shifted = call.tokens();
+    call.set_offsets(base);
+    call.launch(); // also sizes the workspace, so that capture allocates nothing
+    let direct = call.tokens();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    call.launch();
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap()
+        .expect("the capture recorded the launches");
+    let mut replay = |offs: &[u64]| {
+        call.set_offsets(offs);
+        graph.launch().unwrap();
+        call.tokens()
+    };
+    let first = replay(base);
+    assert_eq!(first, direct, "the replay differs from the direct call");
+    assert_eq!(
+        replay(base),
+        first,
+        "a replay with the same offsets changed the tokens"
+    );
+    assert_eq!(
+        replay(&shifted),
+        direct_shifted,
+        "a replay with advanced offsets differs from a direct call"
+    );
+    assert_ne!(
+        direct, direct_shifted,
+        "advancing the offsets changed no token"
+    );
+}
+
+#[test]
+fn samplers_replay_from_cuda_graphs() {
+    let Some((dev, stream)) = common::gpu("samplers_replay_from_cuda_graphs") else {
+        return;
+    };
+    let mut rng = common::rng("samplers_replay_from_cuda_graphs");
+    // sampling_from_logits with several blocks per row (B = 3) and one
+    // (B = 600).
+    for batch in [3usize, 600] {
+        let mut b = Batch::random(&mut rng, batch, 4099);
+        b.temperature.iter_mut().for_each(|t| *t = 1.0);
+        let mut call = RowSampling {
+            dev: &dev,
+            stream: stream.clone(),
+            logits: stream.clone_htod(&b.logits).unwrap(),
+            rows: b.rows,
+            params: b.params(&stream),
+            out: SampleOutput::new(&stream, batch).unwrap(),
+            ws: Workspace::new(&stream).unwrap(),
+        };
+        check_graph_replays(&mut call, &b.offset);
+    }
+    let mut head = Head::random(&mut rng, 20, 3001, 96, false);
+    head.temperature.iter_mut().for_each(|t| *t = 1.0);
+    let mut call = FusedSampling {
+        dev: &dev,
+        stream: stream.clone(),
+        hidden: stream.clone_htod(&to_bf16(&head.hidden)).unwrap(),
+        weight: stream.clone_htod(&to_bf16(&head.weight)).unwrap(),
+        shape: head.shape,
+        params: RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap(),
+        out: flashsample::FusedOutput::new(&stream, 20).unwrap(),
+        ws: Workspace::new(&stream).unwrap(),
+    };
+    check_graph_replays(&mut call, &head.offset);
+}
+
+/// The same sampler called from four host threads on four streams at once
+/// (each with its own workspace) gives the per-row results of serial calls.
+#[test]
+fn concurrent_calls_on_several_streams_agree_with_serial_calls() {
+    let Some((dev, stream)) =
+        common::gpu("concurrent_calls_on_several_streams_agree_with_serial_calls")
+    else {
+        return;
+    };
+    let mut rng = common::rng("concurrent_calls_on_several_streams_agree_with_serial_calls");
+    let batches: Vec<Batch> = (0..4)
+        .map(|i| Batch::random(&mut rng, [1, 7, 64, 300][i], 32_000))
+        .collect();
+    let mut ws = Workspace::new(&stream).unwrap();
+    let serial: Vec<Vec<Option<u32>>> = batches
+        .iter()
+        .map(|b| {
+            let d = stream.clone_htod(&b.logits).unwrap();
+            sample_on_gpu(&dev, &stream, &d, b, &mut ws)
+        })
+        .collect();
+    let concurrent: Vec<Vec<Option<u32>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = batches
+            .iter()
+            .map(|b| {
+                let dev = dev.clone();
+                s.spawn(move || {
+                    let stream = dev.new_stream().unwrap();
+                    let mut ws = Workspace::new(&stream).unwrap();
+                    let d = stream.clone_htod(&b.logits).unwrap();
+                    let runs: Vec<_> = (0..20)
+                        .map(|_| sample_on_gpu(&dev, &stream, &d, b, &mut ws))
+                        .collect();
+                    assert!(
+                        runs.iter().all(|r| *r == runs[0]),
+                        "repeated calls on one stream disagree"
+                    );
+                    runs.into_iter().next().unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        serial, concurrent,
+        "concurrent calls on several streams changed tokens"
+    );
+}

@@ -19,6 +19,11 @@ pub(crate) struct Kernels {
     pub softmax_write_f32: CudaFunction,
     pub gumbel_probe: CudaFunction,
     pub read_probe: CudaFunction,
+    /// `fused_sample_bf16_b{16,32,64}`.
+    pub fused_bf16: [CudaFunction; 3],
+    /// `fused_sample_f16_b{16,32,64}`.
+    pub fused_f16: [CudaFunction; 3],
+    pub fused_finish: CudaFunction,
 }
 
 #[derive(Debug)]
@@ -102,7 +107,19 @@ impl Device {
             softmax_write_f32: f("softmax_write_f32")?,
             gumbel_probe: f("gumbel_filter_error_probe")?,
             read_probe: f("read_bandwidth_probe")?,
+            fused_bf16: [
+                f("fused_sample_bf16_b16")?,
+                f("fused_sample_bf16_b32")?,
+                f("fused_sample_bf16_b64")?,
+            ],
+            fused_f16: [
+                f("fused_sample_f16_b16")?,
+                f("fused_sample_f16_b32")?,
+                f("fused_sample_f16_b64")?,
+            ],
+            fused_finish: f("fused_sample_finish")?,
         };
+        crate::fused_lm_head::configure(&kernels.fused_bf16, &kernels.fused_f16)?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;

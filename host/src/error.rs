@@ -9,6 +9,13 @@ pub enum Error {
     /// The CUDA driver library (`libcuda.so`) could not be loaded.
     #[error("no CUDA driver library (libcuda) found on this machine")]
     NoDriver,
+    /// The cuBLAS library (used by the unfused reference pipeline) could not
+    /// be loaded.
+    #[error("no cuBLAS library found (put CUDA's lib64 on LD_LIBRARY_PATH)")]
+    NoCublas,
+    /// A cuBLAS call failed.
+    #[error("cuBLAS error: {0:?}")]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
     /// The driver loaded but has no device with this ordinal.
     #[error("no CUDA device with ordinal {ordinal} ({count} present)")]
     NoDevice { ordinal: usize, count: usize },

@@ -13,8 +13,10 @@
 mod backend;
 mod device;
 mod error;
+mod fused_lm_head;
 mod rows;
 mod sampling;
+mod unfused;
 
 pub mod reference;
 
@@ -26,8 +28,10 @@ pub mod ptx {
 pub use backend::Backend;
 pub use device::{Device, arch_for, driver_present};
 pub use error::{Error, Result};
+pub use fused_lm_head::{FusedOutput, HeadElem, HeadShape};
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
+pub use unfused::Unfused;
 
 /// The shared device/CPU math (Philox, noise, keys), re-exported.
 pub use flashsample_kernels as kernels;

@@ -1057,3 +1057,139 @@ pub mod stats {
         Ok(lo..=hi)
     }
 }
+
+/// The float64 logits of one row of an LM head, `h . W_j (+ b_j)`, from
+/// the same (widened) bf16/f16 values a GPU kernel reads, with a bound on how
+/// far an f32-accumulating kernel's logit can be from each: products of
+/// 16-bit floats are exact in f32, and a sum of `dim` terms accumulated in
+/// f32 (any order, round-to-nearest or truncating tensor-core adds) is within
+/// `2 dim 2^-23 sum_k |h_k W_jk|` of the exact sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadLogits {
+    /// Exact (float64) logits, one per vocabulary row.
+    pub logits: Vec<f64>,
+    /// Bound on the f32 kernel's error for each logit.
+    pub error_bound: Vec<f64>,
+}
+
+/// [`HeadLogits`] of `hidden` (`dim` values) against `weight`
+/// (`[vocab, dim]`, row-major) and an optional `bias` (`vocab` values).
+///
+/// ```
+/// use flashsample::reference::lm_head_logits;
+///
+/// let head = lm_head_logits(&[1.0, 2.0], &[1.0, 0.5, -1.0, 0.25], Some(&[0.0, 1.0]))?;
+/// assert_eq!(head.logits, vec![2.0, 0.5]);
+/// assert!(head.error_bound[0] > 0.0 && head.error_bound[0] < 1e-5);
+/// # Ok::<(), flashsample::reference::ReferenceError>(())
+/// ```
+pub fn lm_head_logits(
+    hidden: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Result<HeadLogits, ReferenceError> {
+    let dim = hidden.len();
+    if dim == 0 || weight.len() % dim != 0 {
+        return Err(ReferenceError::Shape {
+            what: "weight",
+            expected: dim,
+            got: weight.len(),
+        });
+    }
+    let vocab = weight.len() / dim;
+    check_vocab(vocab)?;
+    if let Some(b) = bias
+        && b.len() != vocab
+    {
+        return Err(ReferenceError::Shape {
+            what: "bias",
+            expected: vocab,
+            got: b.len(),
+        });
+    }
+    let gamma = 2.0 * dim as f64 * f64::from(f32::EPSILON);
+    let mut logits = Vec::with_capacity(vocab);
+    let mut error_bound = Vec::with_capacity(vocab);
+    for (j, w) in weight.chunks_exact(dim).enumerate() {
+        let (mut sum, mut abs) = (0.0f64, 0.0f64);
+        for (&h, &x) in hidden.iter().zip(w) {
+            let p = f64::from(h) * f64::from(x);
+            sum += p;
+            abs += p.abs();
+        }
+        let b = bias.map_or(0.0, |b| f64::from(b[j]));
+        logits.push(sum + b);
+        // The bias is added in f32 after the accumulation: half an ulp more.
+        error_bound.push(gamma * abs + (sum + b).abs() * f64::from(f32::EPSILON));
+    }
+    Ok(HeadLogits {
+        logits,
+        error_bound,
+    })
+}
+
+/// Accepts a fused sampler's token for a row whose exact logits are `head`:
+/// equal to the float64 Gumbel-max (or argmax) token, or a different token
+/// whose float64 score is within the two logits' error bounds (divided by
+/// T) plus the f32 rounding of the scores of the reference's. `None` means
+/// the kernel flagged the row invalid, which finite logits never are.
+pub fn fused_tokens_agree(
+    head: &HeadLogits,
+    temperature: f32,
+    seed: u64,
+    offset: u64,
+    gpu_token: Option<u32>,
+) -> Result<(), String> {
+    let greedy = is_greedy(temperature);
+    let scale = if greedy {
+        1.0
+    } else {
+        1.0 / f64::from(temperature)
+    };
+    let key = seed_key(seed);
+    let score = |j: usize| {
+        let x = head.logits[j] * scale;
+        if greedy {
+            x
+        } else {
+            x + f64::from(gumbel_from_bits(
+                token_noise_group(key, offset, (j >> 2) as u32)[j & 3],
+            ))
+        }
+    };
+    let mut best = (0usize, f64::NEG_INFINITY);
+    for j in 0..head.logits.len() {
+        let s = score(j);
+        if s > best.1 {
+            best = (j, s);
+        }
+    }
+    let Some(g) = gpu_token else {
+        return Err(format!(
+            "GPU flagged a row of finite logits invalid (reference token {})",
+            best.0
+        ));
+    };
+    let g = g as usize;
+    if g == best.0 {
+        return Ok(());
+    }
+    if g >= head.logits.len() {
+        return Err(format!(
+            "GPU token {g} is outside the vocabulary of {}",
+            head.logits.len()
+        ));
+    }
+    let (sr, sg) = (best.1, score(g));
+    let tol = (head.error_bound[best.0] + head.error_bound[g]) * scale
+        + 8.0 * f64::from(f32::EPSILON) * (sr.abs().max(sg.abs()) + NOISE_BOUND);
+    if sr - sg <= tol {
+        Ok(())
+    } else {
+        Err(format!(
+            "reference token {} (score {sr:e}), GPU token {g} (score {sg:e}): gap {:e} above the bound {tol:e}",
+            best.0,
+            sr - sg
+        ))
+    }
+}

@@ -44,6 +44,10 @@ impl Workspace {
         Ok(())
     }
 
+    pub(crate) fn partial_mut(&mut self) -> &mut CudaSlice<u64> {
+        &mut self.partial
+    }
+
     fn fit(
         &mut self,
         stream: &Arc<CudaStream>,

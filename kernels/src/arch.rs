@@ -29,6 +29,12 @@ pub fn block_dim_x() -> u32 {
 }
 
 #[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+
+#[inline(always)]
 pub fn grid_dim_x() -> u32 {
     // SAFETY: reads a special register.
     unsafe { nvptx::_grid_dim_x() as u32 }
@@ -203,4 +209,99 @@ pub unsafe fn atom_max_u32(p: *mut u32, v: u32) -> u32 {
 #[inline(always)]
 pub fn dynamic_shared<T>() -> *mut T {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<T>()
+}
+
+/// The shared-space address of a generic pointer into shared memory
+/// (`cvta.to.shared.u64`), as the 32-bit operand of shared-memory
+/// instructions.
+#[inline(always)]
+pub fn smem_addr<T>(p: *const T) -> u32 {
+    let a: u64;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvta.to.shared.u64 {a}, {p};", a = out(reg64) a, p = in(reg64) p,
+             options(pure, nomem, nostack))
+    };
+    a as u32
+}
+
+/// `cp.async.cg.shared.global` of 16 bytes, of which the first `src_bytes`
+/// (0 or 16) are read and the rest zero-filled.
+///
+/// # Safety
+/// `dst` is a 16-byte aligned shared address of the block; when
+/// `src_bytes > 0`, `src` is a 16-byte aligned readable global address.
+#[inline(always)]
+pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
+    };
+}
+
+/// `cp.async.commit_group`.
+#[inline(always)]
+pub fn cp_async_commit_group() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// `cp.async.wait_group N`: waits until at most `N` groups are pending.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    // SAFETY: no memory operands.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: four 8x8 b16 matrices, lane
+/// `i` giving the row address of matrix `i / 8`, row `i % 8`. Every lane
+/// must execute it.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned shared address with 16 readable bytes.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg32) addr, options(nostack))
+    };
+    [a, b, c, d]
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`: `d = a b + c`.
+/// Every lane must execute it.
+#[inline(always)]
+pub fn mma_m16n8k16_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let (d0, d1, d2, d3): (f32, f32, f32, f32);
+    // SAFETY: register-only warp-wide instruction.
+    unsafe {
+        asm!("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};",
+             d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+             b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+             c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+             options(nostack))
+    };
+    [d0, d1, d2, d3]
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: `d = a b + c`.
+/// Every lane must execute it.
+#[inline(always)]
+pub fn mma_m16n8k16_f16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let (d0, d1, d2, d3): (f32, f32, f32, f32);
+    // SAFETY: register-only warp-wide instruction.
+    unsafe {
+        asm!("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};",
+             d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+             b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+             c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+             options(nostack))
+    };
+    [d0, d1, d2, d3]
 }

@@ -32,6 +32,10 @@ pub mod sample;
 #[cfg(target_arch = "nvptx64")]
 pub mod arch;
 #[cfg(target_arch = "nvptx64")]
+mod fused_lm_head;
+#[cfg(target_arch = "nvptx64")]
+mod race;
+#[cfg(target_arch = "nvptx64")]
 mod sampling;
 #[cfg(target_arch = "nvptx64")]
 mod softmax;
@@ -45,6 +49,13 @@ pub const ENTRY_POINTS: &[&str] = &[
     "softmax_write_f32",
     "gumbel_filter_error_probe",
     "read_bandwidth_probe",
+    "fused_sample_bf16_b16",
+    "fused_sample_bf16_b32",
+    "fused_sample_bf16_b64",
+    "fused_sample_f16_b16",
+    "fused_sample_f16_b32",
+    "fused_sample_f16_b64",
+    "fused_sample_finish",
 ];
 
 #[cfg(target_arch = "nvptx64")]

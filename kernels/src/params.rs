@@ -29,3 +29,53 @@ pub const ROW_THREADS: u32 = 256;
 
 const _: () = assert!(core::mem::size_of::<RowSplit>() == 24);
 const _: () = assert!(core::mem::align_of::<RowSplit>() == 8);
+
+/// Parameters of the fused LM-head sampler (`fused_sample_*`): logits
+/// `hidden [batch, dim] . lm_head[vocab, dim]^T (+ bias)`, never stored.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedParams {
+    /// Rows of `hidden`.
+    pub batch: u32,
+    /// Rows of the LM head.
+    pub vocab: u32,
+    /// Hidden size, a multiple of 8.
+    pub dim: u32,
+    /// Vocabulary tiles: `ceil(vocab / FUSED_BLOCK_V)`.
+    pub tiles: u32,
+    /// Elements between consecutive rows of `hidden` (>= `dim`, a multiple
+    /// of 8).
+    pub hidden_stride: u64,
+    /// 1 when a bias `[vocab]` (f32) is added to the logits.
+    pub has_bias: u32,
+    /// Reserved, 0.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<FusedParams>() == 32);
+const _: () = assert!(core::mem::align_of::<FusedParams>() == 8);
+
+/// Vocabulary rows per tile of the fused sampler (eight warps of 16).
+pub const FUSED_BLOCK_V: u32 = 128;
+/// Hidden-dimension elements per pipeline stage.
+pub const FUSED_BLOCK_K: u32 = 64;
+/// Pipeline stages (`cp.async` groups in flight: `FUSED_STAGES - 1`).
+pub const FUSED_STAGES: u32 = 3;
+/// Threads per block of the fused sampler.
+pub const FUSED_THREADS: u32 = 256;
+/// Words of one row of the logits staging tile (padded against bank
+/// conflicts).
+pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
+/// u64 words per (row, tile) partial: best key, base-2 log-sum-exp
+/// `(max, sum)`, scaled logit of the best token.
+pub const FUSED_PARTIAL_WORDS: u32 = 3;
+
+/// Bytes of one pipeline stage for a batch tile of `block_b` rows.
+pub const fn fused_stage_bytes(block_b: u32) -> u32 {
+    (FUSED_BLOCK_V + block_b) * FUSED_BLOCK_K * 2
+}
+
+/// Dynamic shared memory of `fused_sample_*_b{block_b}`.
+pub const fn fused_smem_bytes(block_b: u32) -> u32 {
+    FUSED_STAGES * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
+}

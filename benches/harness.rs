@@ -1,0 +1,104 @@
+//! Shared bench machinery: CUDA-event timing, the read-bandwidth floor and
+//! the same-run PyTorch references.
+#![allow(dead_code)] // each bench binary uses its own subset
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream};
+use flashsample::{Device, Result, Workspace};
+
+pub const L2_BYTES: usize = 60 << 20;
+
+/// Calls back to back between one pair of events: the stream stays full,
+/// so the time per call is the GPU's, not the host's launch latency.
+const CALLS_PER_SAMPLE: usize = 20;
+
+/// Median over `reps` samples of the time per call of `f(i)` (i = rotation
+/// index), each sample timing [`CALLS_PER_SAMPLE`] calls between two events,
+/// after `warmup` untimed calls, in microseconds.
+pub fn time_us(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    for i in 0..warmup {
+        f(i)?;
+    }
+    let ctx = stream.context();
+    let mut times = Vec::with_capacity(reps);
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut i = warmup;
+    for _ in 0..reps {
+        start.record(stream)?;
+        for _ in 0..CALLS_PER_SAMPLE {
+            f(i)?;
+            i += 1;
+        }
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / CALLS_PER_SAMPLE as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
+pub fn torch_refs() -> serde_free::Json {
+    serde_free::Json::load(std::env::var("FLASHSAMPLE_TORCH_REF").ok())
+}
+
+/// A tiny reader for the flat `{"case": {"name": number}}` JSON the torch
+/// script writes (no JSON crate in the dependency tree).
+mod serde_free {
+    pub struct Json(String);
+    impl Json {
+        pub fn load(path: Option<String>) -> Json {
+            Json(
+                path.and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default(),
+            )
+        }
+        /// `name: value` pairs recorded for `case`, as text.
+        pub fn case(&self, case: &str) -> String {
+            let key = format!("\"{case}\"");
+            let Some(at) = self.0.find(&key) else {
+                return "-".into();
+            };
+            let rest = &self.0[at + key.len()..];
+            let (Some(open), Some(close)) = (rest.find('{'), rest.find('}')) else {
+                return "-".into();
+            };
+            rest[open + 1..close]
+                .split(',')
+                .map(|kv| {
+                    kv.trim()
+                        .replace('"', "")
+                        .replace("_us", "")
+                        .replace(": ", " ")
+                        + " us"
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+/// Read bandwidth of the device in bytes/s: 1 GiB of non-zero data read
+/// once by `read_bandwidth_probe`, median of five.
+pub fn read_bandwidth(dev: &Device, stream: &Arc<CudaStream>, ws: &mut Workspace) -> Result<f64> {
+    let mut words = vec![0u32; 1 << 28];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = (i as u32).wrapping_mul(2_654_435_761);
+    }
+    let gib: CudaSlice<u32> = stream.clone_htod(&words)?;
+    drop(words);
+    let t_read = time_us(stream, 3, 5, |_| dev.read_once(stream, &gib.as_view(), ws))?;
+    let read_bw = (1u64 << 30) as f64 / (t_read * 1e-6);
+    println!(
+        "read bandwidth: {:.0} GB/s (1 GiB in {t_read:.1} us)",
+        read_bw / 1e9
+    );
+    Ok(read_bw)
+}

@@ -1,0 +1,352 @@
+//! `fused_sample`: LM-head matmul and Gumbel-max sampling in one pass
+//! (FlashSampling); the `[batch, vocab]` logits are never written.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+use flashsample_kernels::params::{
+    FUSED_BLOCK_V, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams, fused_smem_bytes,
+};
+use flashsample_kernels::sample::MAX_VOCAB;
+
+use crate::device::Device;
+use crate::error::{Result, param, shape};
+use crate::rows::RowParams;
+use crate::sampling::Workspace;
+
+/// Element types of LM heads and hidden states.
+pub trait HeadElem: DeviceRepr + ValidAsZeroBits + Copy + 'static {
+    /// Whether the kernels read it as bf16 (else f16).
+    const IS_BF16: bool;
+}
+
+impl HeadElem for half::bf16 {
+    const IS_BF16: bool = true;
+}
+
+impl HeadElem for half::f16 {
+    const IS_BF16: bool = false;
+}
+
+/// Shape of a fused LM-head call: `hidden [batch, dim]` (rows
+/// `hidden_stride` elements apart) against `lm_head [vocab, dim]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    pub batch: usize,
+    pub vocab: usize,
+    pub dim: usize,
+    pub hidden_stride: usize,
+}
+
+impl HeadShape {
+    /// Contiguous hidden states.
+    pub fn new(batch: usize, vocab: usize, dim: usize) -> HeadShape {
+        HeadShape {
+            batch,
+            vocab,
+            dim,
+            hidden_stride: dim,
+        }
+    }
+
+    pub(crate) fn validate(
+        &self,
+        hidden_len: usize,
+        head_len: usize,
+        bias_len: Option<usize>,
+    ) -> Result<()> {
+        if self.batch == 0 || self.batch > (u32::MAX / 2) as usize {
+            return Err(param("batch", self.batch));
+        }
+        if self.vocab == 0 || self.vocab as u64 > MAX_VOCAB {
+            return Err(param("vocab", self.vocab));
+        }
+        if self.dim == 0 || self.dim % 8 != 0 || self.dim > u32::MAX as usize / 2 {
+            return Err(param(
+                "dim",
+                format_args!("{} (a positive multiple of 8)", self.dim),
+            ));
+        }
+        if self.hidden_stride < self.dim || self.hidden_stride % 8 != 0 {
+            return Err(param("hidden_stride", self.hidden_stride));
+        }
+        let need_h = (self.batch - 1)
+            .checked_mul(self.hidden_stride)
+            .and_then(|n| n.checked_add(self.dim))
+            .ok_or_else(|| param("hidden_stride", self.hidden_stride))?;
+        if hidden_len < need_h {
+            return Err(shape(
+                "hidden",
+                format!("at least {need_h} elements"),
+                hidden_len,
+            ));
+        }
+        let need_w = self
+            .vocab
+            .checked_mul(self.dim)
+            .ok_or_else(|| param("vocab", self.vocab))?;
+        if head_len < need_w {
+            return Err(shape(
+                "lm_head",
+                format!("at least {need_w} elements"),
+                head_len,
+            ));
+        }
+        if let Some(b) = bias_len
+            && b < self.vocab
+        {
+            return Err(shape(
+                "bias",
+                format!("at least {} elements", self.vocab),
+                b,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Outputs of [`Device::fused_sample`], one entry per row: the token, its
+/// validity, the row's log-normaliser `ln sum_j exp(logit_j / T)` (T = 1 for
+/// greedy rows) and the token's log-probability under that distribution.
+#[derive(Debug)]
+pub struct FusedOutput {
+    pub tokens: CudaSlice<u32>,
+    pub valid: CudaSlice<u8>,
+    pub log_normalizer: CudaSlice<f32>,
+    pub logprob: CudaSlice<f32>,
+}
+
+impl FusedOutput {
+    /// Output buffers for `batch` rows.
+    pub fn new(stream: &Arc<CudaStream>, batch: usize) -> Result<FusedOutput> {
+        Ok(FusedOutput {
+            tokens: stream.alloc_zeros(batch)?,
+            valid: stream.alloc_zeros(batch)?,
+            log_normalizer: stream.alloc_zeros(batch)?,
+            logprob: stream.alloc_zeros(batch)?,
+        })
+    }
+
+    fn check(&self, batch: usize) -> Result<()> {
+        for (what, len) in [
+            ("tokens", self.tokens.len()),
+            ("valid", self.valid.len()),
+            ("log_normalizer", self.log_normalizer.len()),
+            ("logprob", self.logprob.len()),
+        ] {
+            if len < batch {
+                return Err(shape(what, format!("at least {batch}"), len));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows per batch tile for a batch: the smallest of 16, 32, 64 that holds
+/// it (64 for larger batches, tiled).
+fn block_b(batch: usize) -> u32 {
+    match batch {
+        0..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    }
+}
+
+/// Resident blocks per SM of the fused kernel (256 threads of up to 128
+/// registers: two by registers; fewer if shared memory says so).
+fn blocks_per_sm(nb: u32) -> u32 {
+    const SMEM_PER_SM: u32 = 227 * 1024;
+    (SMEM_PER_SM / fused_smem_bytes(nb)).clamp(1, 2)
+}
+
+fn check_align(name: &'static str, p: u64) -> Result<()> {
+    if p == 0 || !p.is_multiple_of(16) {
+        return Err(param(
+            name,
+            format_args!("{p:#x} (needs a non-null 16-byte aligned address)"),
+        ));
+    }
+    Ok(())
+}
+
+impl Device {
+    /// Samples one token per row of `hidden` from `softmax(hidden . lm_head^T
+    /// (+ bias)) / T` by Gumbel-max, without writing the logits: the
+    /// FlashSampling kernel (tensor-core matmul, Gumbel-max epilogue at the
+    /// global vocabulary index, per-tile partials, one finishing launch).
+    /// `lm_head` is the row-major `nn.Linear` weight `[vocab, dim]`; per-row
+    /// temperature, seed and offset come from `params` (device memory).
+    /// Tokens are those of the float64 reference except where two perturbed
+    /// logits are within the f32 accumulation bound, and do not depend on
+    /// batch size, row position or launch shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_sample<T: HeadElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        hidden: &CudaView<'_, T>,
+        lm_head: &CudaView<'_, T>,
+        bias: Option<&CudaView<'_, f32>>,
+        shape: HeadShape,
+        params: &RowParams,
+        out: &mut FusedOutput,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        shape.validate(hidden.len(), lm_head.len(), bias.map(|b| b.len()))?;
+        params.check(shape.batch)?;
+        out.check(shape.batch)?;
+        let (h, _g1) = hidden.device_ptr(stream);
+        let (w, _g2) = lm_head.device_ptr(stream);
+        check_align("hidden", h)?;
+        check_align("lm_head", w)?;
+        let (b, _g3) = match bias {
+            Some(b) => {
+                let (p, g) = b.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let tiles = shape.vocab.div_ceil(FUSED_BLOCK_V as usize) as u32;
+        let p = FusedParams {
+            batch: shape.batch as u32,
+            vocab: shape.vocab as u32,
+            dim: shape.dim as u32,
+            tiles,
+            hidden_stride: shape.hidden_stride as u64,
+            has_bias: u32::from(bias.is_some()),
+            reserved: 0,
+        };
+        ws.reserve(
+            stream,
+            shape.batch * tiles as usize * FUSED_PARTIAL_WORDS as usize,
+            1,
+        )?;
+        let nb = block_b(shape.batch);
+        let k = self.kernels();
+        let func = match (T::IS_BF16, nb) {
+            (true, 16) => &k.fused_bf16[0],
+            (true, 32) => &k.fused_bf16[1],
+            (true, _) => &k.fused_bf16[2],
+            (false, 16) => &k.fused_f16[0],
+            (false, 32) => &k.fused_f16[1],
+            (false, _) => &k.fused_f16[2],
+        };
+        let batch_tiles = shape.batch.div_ceil(nb as usize) as u32;
+        let resident = blocks_per_sm(nb) * self.sm_count();
+        let ctas_v = (resident / batch_tiles).clamp(1, tiles);
+        let (t, _g4) = params.temperature.device_ptr(stream);
+        let (s, _g5) = params.seed.device_ptr(stream);
+        let (o, _g6) = params.offset.device_ptr(stream);
+        let (part, _g7) = ws.partial_mut().device_ptr_mut(stream);
+        let arg = FusedArg(p);
+        let mut l = stream.launch_builder(func);
+        l.arg(&h)
+            .arg(&w)
+            .arg(&b)
+            .arg(&t)
+            .arg(&s)
+            .arg(&o)
+            .arg(&part)
+            .arg(&arg);
+        let cfg = LaunchConfig {
+            grid_dim: (batch_tiles, ctas_v, 1),
+            block_dim: (FUSED_THREADS, 1, 1),
+            shared_mem_bytes: fused_smem_bytes(nb),
+        };
+        // SAFETY: the arguments match `fused_sample_*`'s signature; shapes,
+        // lengths and 16-byte alignment were validated above (dim and the
+        // hidden stride are multiples of 8 elements); the workspace holds
+        // batch * tiles partials; the function's dynamic shared memory limit
+        // was raised to fused_smem_bytes(nb) when the module was loaded.
+        unsafe { l.launch(cfg) }?;
+        let (tok, _g8) = out.tokens.device_ptr_mut(stream);
+        let (val, _g9) = out.valid.device_ptr_mut(stream);
+        let (lse, _g10) = out.log_normalizer.device_ptr_mut(stream);
+        let (lp, _g11) = out.logprob.device_ptr_mut(stream);
+        let mut l = stream.launch_builder(&k.fused_finish);
+        l.arg(&part)
+            .arg(&tok)
+            .arg(&val)
+            .arg(&lse)
+            .arg(&lp)
+            .arg(&arg);
+        let cfg = LaunchConfig {
+            grid_dim: (shape.batch as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 8 * 5 * 8,
+        };
+        // SAFETY: matches `fused_sample_finish`; the partials were written
+        // by the launch above on the same stream; outputs hold batch rows.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Kernel-argument wrapper of [`FusedParams`] (passed by value).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct FusedArg(FusedParams);
+
+// SAFETY: `FusedParams` is `#[repr(C)]` plain data pinned by const asserts
+// in the kernels crate; the kernels take it by value.
+unsafe impl DeviceRepr for FusedArg {}
+
+/// Raises the dynamic shared memory limit of the fused kernels (they use
+/// more than the default 48 KiB).
+pub(crate) fn configure(
+    bf16: &[cudarc::driver::CudaFunction; 3],
+    f16: &[cudarc::driver::CudaFunction; 3],
+) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+    for (i, nb) in [16u32, 32, 64].into_iter().enumerate() {
+        bf16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
+        f16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_are_validated() {
+        let s = HeadShape::new(2, 10, 16);
+        assert!(s.validate(32, 160, None).is_ok());
+        assert!(s.validate(31, 160, None).is_err());
+        assert!(s.validate(32, 159, None).is_err());
+        assert!(s.validate(32, 160, Some(9)).is_err());
+        assert!(
+            HeadShape::new(2, 10, 12).validate(100, 1000, None).is_err(),
+            "dim % 8"
+        );
+        assert!(HeadShape::new(0, 10, 16).validate(100, 1000, None).is_err());
+        assert!(
+            HeadShape {
+                hidden_stride: 20,
+                ..s
+            }
+            .validate(100, 1000, None)
+            .is_err()
+        );
+        assert!(
+            HeadShape::new(1, (1 << 30) + 1, 8)
+                .validate(8, usize::MAX, None)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn tiles_fit_shared_memory() {
+        for nb in [16, 32, 64] {
+            assert!(fused_smem_bytes(nb) <= 227 * 1024);
+            assert!(blocks_per_sm(nb) >= 1);
+        }
+        assert_eq!(block_b(1), 16);
+        assert_eq!(block_b(17), 32);
+        assert_eq!(block_b(256), 64);
+    }
+}

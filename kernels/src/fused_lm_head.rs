@@ -1,0 +1,495 @@
+//! `fused_sample`: the LM-head matmul with a Gumbel-max epilogue
+//! (FlashSampling). Logits `h . W^T (+ bias)` are computed tile by tile on
+//! tensor cores (`mma.sync` m16n8k16, f32 accumulation), scaled by 1/T,
+//! raced with the Gumbel noise of the row's Philox stream at the **global**
+//! vocabulary index, and reduced to one (key, log-sum-exp) partial per row
+//! and vocabulary tile; the `[batch, vocab]` logits never reach memory.
+//! `fused_sample_finish` folds the tiles' partials into the token, its
+//! validity, the row's log-normaliser and the token's log-probability.
+//!
+//! Determinism: every logit is the same sequence of `mma` operations in
+//! k order whatever the batch tile; each tile's partial is reduced by a
+//! fixed tree (four slots of 32 tokens); the finish folds tiles in a fixed
+//! order. So tokens (exact maxima) and the log-normaliser bits depend only on
+//! the row, its parameters, `vocab` and `dim`: not on batch size, position
+//! or grid.
+//!
+//! # Launch (`fused_sample_{bf16,f16}_b{16,32,64}`)
+//! Grid `(ceil(batch / B), ctas)` (x: batch tile of `B` rows, y: vocabulary
+//! CTAs, each looping over tiles `y, y + ctas, ...`), block
+//! [`FUSED_THREADS`], dynamic shared memory [`fused_smem_bytes`]`(B)`
+//! (above 48 KiB: the host raises the function's limit).
+//!
+//! # Safety (caller)
+//! `hidden` holds `batch` rows of `hidden_stride` elements (`dim` readable),
+//! `weight` `vocab * dim` elements; both 16-byte aligned with `dim` and
+//! `hidden_stride` multiples of 8; `bias` is null or holds `vocab` f32;
+//! `temperature`, `seed`, `offset` hold `batch` values; `partial` holds
+//! `batch * tiles * FUSED_PARTIAL_WORDS` u64.
+
+use crate::arch;
+use crate::block::Lse2;
+use crate::params::{
+    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_STAGES,
+    FUSED_THREADS, FusedParams, fused_stage_bytes,
+};
+use crate::race::Race;
+use crate::sample;
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+/// 16-byte chunks per staged row of `FUSED_BLOCK_K` b16 elements.
+const CHUNKS: u32 = FUSED_BLOCK_K * 2 / 16;
+/// Epilogue threads per batch row, each owning 32 consecutive tokens of a
+/// tile (fixed, so the log-sum-exp tree does not depend on the batch tile).
+const SLOTS: u32 = 4;
+const SLOT_TOKENS: u32 = FUSED_BLOCK_V / SLOTS;
+
+/// Byte offset of 16-byte chunk `c` of staged row `r`, XOR-swizzled so that
+/// the eight row addresses of an `ldmatrix` hit eight different bank groups.
+#[inline(always)]
+fn swz(r: u32, c: u32) -> u32 {
+    r * (CHUNKS * 16) + ((c ^ (r & 7)) * 16)
+}
+
+/// Tensor-core operand type.
+trait Mma {
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+}
+struct Bf16;
+struct F16;
+impl Mma for Bf16 {
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        arch::mma_m16n8k16_bf16(a, b, c)
+    }
+}
+impl Mma for F16 {
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        arch::mma_m16n8k16_f16(a, b, c)
+    }
+}
+
+/// Issues the `cp.async` copies of k-block `kb` of vocabulary tile `v0` and
+/// batch tile `b0` into stage buffer `stage` (shared address); rows past
+/// `vocab`/`batch` and columns past `dim` are zero-filled.
+///
+/// # Safety
+/// The kernel's launch contract.
+#[inline(always)]
+unsafe fn load_stage<const NB: u32>(
+    stage: u32,
+    hidden: *const u16,
+    weight: *const u16,
+    p: &FusedParams,
+    v0: u32,
+    b0: u32,
+    kb: u32,
+) {
+    let tid = arch::thread_idx_x();
+    let k0 = kb * FUSED_BLOCK_K;
+    let mut q = tid;
+    // SAFETY: sources are in bounds when `ok` (row < vocab or batch, column
+    // + 8 <= dim since dim is a multiple of 8), else 0 bytes are read.
+    unsafe {
+        while q < FUSED_BLOCK_V * CHUNKS {
+            let (r, c) = (q / CHUNKS, q % CHUNKS);
+            let (v, k) = (v0 + r, k0 + c * 8);
+            let ok = v < p.vocab && k < p.dim;
+            let src = if ok {
+                weight.add(v as usize * p.dim as usize + k as usize)
+            } else {
+                weight
+            };
+            arch::cp_async_cg_16(stage + swz(r, c), src as *const u8, if ok { 16 } else { 0 });
+            q += FUSED_THREADS;
+        }
+        let hs = stage + FUSED_BLOCK_V * CHUNKS * 16;
+        let mut q = tid;
+        while q < NB * CHUNKS {
+            let (r, c) = (q / CHUNKS, q % CHUNKS);
+            let (b, k) = (b0 + r, k0 + c * 8);
+            let ok = b < p.batch && k < p.dim;
+            let src = if ok {
+                hidden.add(b as usize * p.hidden_stride as usize + k as usize)
+            } else {
+                hidden
+            };
+            arch::cp_async_cg_16(hs + swz(r, c), src as *const u8, if ok { 16 } else { 0 });
+            q += FUSED_THREADS;
+        }
+    }
+}
+
+/// One k-block of the warp's 16 x NB logits: four k16 steps, an A fragment
+/// of 16 vocabulary rows and `NB / 8` B fragments of batch rows each.
+///
+/// # Safety
+/// `stage` holds a complete k-block; every lane of the warp calls it.
+#[inline(always)]
+unsafe fn mma_stage<M: Mma, const NB: u32, const NT: usize>(stage: u32, acc: &mut [[f32; 4]; NT]) {
+    let lane = arch::thread_idx_x() % 32;
+    let warp = arch::thread_idx_x() / 32;
+    let hs = stage + FUSED_BLOCK_V * CHUNKS * 16;
+    let mut kk = 0;
+    while kk < FUSED_BLOCK_K / 16 {
+        let r = 16 * warp + (lane % 16);
+        // SAFETY: rows < FUSED_BLOCK_V and chunks < CHUNKS of this stage.
+        let a = unsafe { arch::ldmatrix_x4(stage + swz(r, 2 * kk + lane / 16)) };
+        for pair in 0..NT / 2 {
+            let m = lane / 8;
+            let n = 16 * pair as u32 + (lane % 8) + 8 * (m / 2);
+            // SAFETY: n < NB rows and chunk < CHUNKS of this stage.
+            let b = unsafe { arch::ldmatrix_x4(hs + swz(n, 2 * kk + (m % 2))) };
+            acc[2 * pair] = M::mma(a, [b[0], b[1]], acc[2 * pair]);
+            acc[2 * pair + 1] = M::mma(a, [b[2], b[3]], acc[2 * pair + 1]);
+        }
+        kk += 1;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
+    hidden: *const u16,
+    weight: *const u16,
+    bias: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    partial: *mut u64,
+    p: FusedParams,
+) {
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let warp = tid / 32;
+    let b0 = arch::block_idx_x() * NB;
+    let smem = arch::dynamic_shared::<u8>();
+    let smem0 = arch::smem_addr(smem);
+    let stage_bytes = fused_stage_bytes(NB);
+    // SAFETY: the staging tile sits after the pipeline stages, inside the
+    // dynamic shared memory the launch provides (fused_smem_bytes).
+    let cs = unsafe { smem.add((FUSED_STAGES * stage_bytes) as usize) } as *mut f32;
+    let nk = p.dim.div_ceil(FUSED_BLOCK_K);
+
+    // Epilogue role: batch row `eb` of the tile, token slot `slot`.
+    let active = tid < NB * SLOTS;
+    let (eb, slot) = (tid / SLOTS, tid % SLOTS);
+    let row = b0 + eb;
+    let has_row = active && row < p.batch;
+    // SAFETY: row < batch.
+    let (t, s, o) = if has_row {
+        unsafe {
+            (
+                *temperature.add(row as usize),
+                *seed.add(row as usize),
+                *offset.add(row as usize),
+            )
+        }
+    } else {
+        (0.0, 0, 0)
+    };
+    let mut race = Race::new(t, s, o);
+    let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
+
+    let mut tile = arch::block_idx_y();
+    while tile < p.tiles {
+        let v0 = tile * FUSED_BLOCK_V;
+        let mut acc = [[0.0f32; 4]; NT];
+        // SAFETY: stages lie inside the dynamic shared memory; the launch
+        // contract covers the global reads.
+        unsafe {
+            let mut s = 0;
+            while s < FUSED_STAGES - 1 {
+                if s < nk {
+                    load_stage::<NB>(smem0 + s * stage_bytes, hidden, weight, &p, v0, b0, s);
+                }
+                arch::cp_async_commit_group();
+                s += 1;
+            }
+            let mut kb = 0;
+            while kb < nk {
+                arch::cp_async_wait_group::<{ FUSED_STAGES - 2 }>();
+                arch::bar_sync();
+                mma_stage::<M, NB, NT>(smem0 + (kb % FUSED_STAGES) * stage_bytes, &mut acc);
+                let next = kb + FUSED_STAGES - 1;
+                if next < nk {
+                    load_stage::<NB>(
+                        smem0 + (next % FUSED_STAGES) * stage_bytes,
+                        hidden,
+                        weight,
+                        &p,
+                        v0,
+                        b0,
+                        next,
+                    );
+                }
+                arch::cp_async_commit_group();
+                kb += 1;
+            }
+            arch::cp_async_wait_group::<0>();
+
+            // Stage the warp's logits transposed: cs[b][v] (+ bias).
+            let g = lane / 4;
+            let t4 = lane % 4;
+            for nt in 0..NT {
+                let b = 8 * nt as u32 + 2 * t4;
+                let c = acc[nt];
+                // Rows g and g + 8 of the warp's 16; columns b and b + 1.
+                let v = 16 * warp + g;
+                let (bias_lo, bias_hi) = if p.has_bias != 0 {
+                    let at = |v: u32| {
+                        if v0 + v < p.vocab {
+                            *bias.add((v0 + v) as usize)
+                        } else {
+                            0.0
+                        }
+                    };
+                    (at(v), at(v + 8))
+                } else {
+                    (0.0, 0.0)
+                };
+                *cs.add((b * FUSED_CS_STRIDE + v) as usize) = c[0] + bias_lo;
+                *cs.add(((b + 1) * FUSED_CS_STRIDE + v) as usize) = c[1] + bias_lo;
+                *cs.add((b * FUSED_CS_STRIDE + v + 8) as usize) = c[2] + bias_hi;
+                *cs.add(((b + 1) * FUSED_CS_STRIDE + v + 8) as usize) = c[3] + bias_hi;
+            }
+            arch::bar_sync();
+
+            // Epilogue: whole warps are active or idle (NB * SLOTS is a
+            // multiple of 32), so the shuffles below see full warps.
+            if active {
+                let mut lse = Lse2::EMPTY;
+                let base = cs.add((eb * FUSED_CS_STRIDE + slot * SLOT_TOKENS) as usize);
+                let j0 = v0 + slot * SLOT_TOKENS;
+                let mut i = 0;
+                while i < SLOT_TOKENS {
+                    let q = *(base.add(i as usize) as *const [f32; 4]);
+                    let j = j0 + i;
+                    let x = [
+                        if j < p.vocab { q[0] } else { f32::NEG_INFINITY },
+                        if j + 1 < p.vocab {
+                            q[1]
+                        } else {
+                            f32::NEG_INFINITY
+                        },
+                        if j + 2 < p.vocab {
+                            q[2]
+                        } else {
+                            f32::NEG_INFINITY
+                        },
+                        if j + 3 < p.vocab {
+                            q[3]
+                        } else {
+                            f32::NEG_INFINITY
+                        },
+                    ];
+                    if sample::logit_class(x[0]) == 1 {
+                        lse.push(x[0] * lse_scale);
+                    }
+                    if sample::logit_class(x[1]) == 1 {
+                        lse.push(x[1] * lse_scale);
+                    }
+                    if sample::logit_class(x[2]) == 1 {
+                        lse.push(x[2] * lse_scale);
+                    }
+                    if sample::logit_class(x[3]) == 1 {
+                        lse.push(x[3] * lse_scale);
+                    }
+                    race.visit4(x, j);
+                    i += 4;
+                }
+                // Fold the row's four slots (consecutive lanes) by a fixed
+                // butterfly; keep the scaled logit of the best key.
+                let mut key = race.best;
+                let mut xs = race.best_xs;
+                let mut m = 2;
+                while m > 0 {
+                    let klo = arch::shfl_bfly_u32(key as u32, m);
+                    let khi = arch::shfl_bfly_u32((key >> 32) as u32, m);
+                    let oxs = f32::from_bits(arch::shfl_bfly_u32(xs.to_bits(), m));
+                    let omax = f32::from_bits(arch::shfl_bfly_u32(lse.max.to_bits(), m));
+                    let osum = f32::from_bits(arch::shfl_bfly_u32(lse.sum.to_bits(), m));
+                    let okey = (u64::from(khi) << 32) | u64::from(klo);
+                    if okey > key {
+                        key = okey;
+                        xs = oxs;
+                    }
+                    lse = lse.merge(Lse2 {
+                        max: omax,
+                        sum: osum,
+                    });
+                    m >>= 1;
+                }
+                if has_row && slot == 0 {
+                    let out = partial.add(((row * p.tiles + tile) * FUSED_PARTIAL_WORDS) as usize);
+                    *out = key;
+                    *out.add(1) =
+                        (u64::from(lse.max.to_bits()) << 32) | u64::from(lse.sum.to_bits());
+                    *out.add(2) = u64::from(xs.to_bits());
+                }
+                race.reset_best();
+            }
+        }
+        tile += arch::grid_dim_y();
+    }
+}
+
+macro_rules! fused_entry {
+    ($name:ident, $mma:ty, $nb:literal) => {
+        /// `fused_sample` (see the module docs) for a batch tile of
+        #[doc = concat!(stringify!($nb), " rows.")]
+        ///
+        /// # Safety
+        /// See the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            hidden: *const u16,
+            weight: *const u16,
+            bias: *const f32,
+            temperature: *const f32,
+            seed: *const u64,
+            offset: *const u64,
+            partial: *mut u64,
+            p: FusedParams,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe {
+                fused_sample::<$mma, $nb, { $nb / 8 }>(
+                    hidden,
+                    weight,
+                    bias,
+                    temperature,
+                    seed,
+                    offset,
+                    partial,
+                    p,
+                )
+            }
+        }
+    };
+}
+
+fused_entry!(fused_sample_bf16_b16, Bf16, 16);
+fused_entry!(fused_sample_bf16_b32, Bf16, 32);
+fused_entry!(fused_sample_bf16_b64, Bf16, 64);
+fused_entry!(fused_sample_f16_b16, F16, 16);
+fused_entry!(fused_sample_f16_b32, F16, 32);
+fused_entry!(fused_sample_f16_b64, F16, 64);
+
+/// Folds a row's tile partials (in tile order, by a fixed tree) into its
+/// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy
+/// rows) and the token's log-probability. A row with nothing valid gets
+/// token 0, valid 0, log-normaliser -inf and log-probability NaN; a token
+/// drawn among +inf logits gets log-normaliser +inf and log-probability NaN.
+///
+/// # Launch
+/// Grid `(batch)`, block 256, dynamic shared memory 8 x 5 x 8 bytes.
+///
+/// # Safety
+/// `partial` holds the `batch * tiles * FUSED_PARTIAL_WORDS` words the main
+/// kernel wrote; `tokens`, `valid` hold `batch` elements; `lse` and
+/// `logprob` are null or hold `batch` f32.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fused_sample_finish(
+    partial: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    lse_out: *mut f32,
+    logprob_out: *mut f32,
+    p: FusedParams,
+) {
+    let tid = arch::thread_idx_x();
+    let row = arch::block_idx_x();
+    let smem = arch::dynamic_shared::<u64>();
+    // SAFETY: the launch contract covers every access.
+    unsafe {
+        let base = partial.add((row * p.tiles * FUSED_PARTIAL_WORDS) as usize);
+        let mut key = 0u64;
+        let mut xs = f32::NAN;
+        let mut lse = Lse2::EMPTY;
+        let mut t = tid;
+        while t < p.tiles {
+            let w = base.add((t * FUSED_PARTIAL_WORDS) as usize);
+            let k = *w;
+            if k > key {
+                key = k;
+                xs = f32::from_bits(*w.add(2) as u32);
+            }
+            let l = *w.add(1);
+            lse = lse.merge(Lse2 {
+                max: f32::from_bits((l >> 32) as u32),
+                sum: f32::from_bits(l as u32),
+            });
+            t += 256;
+        }
+        let mut m = 16;
+        while m > 0 {
+            let klo = arch::shfl_bfly_u32(key as u32, m);
+            let khi = arch::shfl_bfly_u32((key >> 32) as u32, m);
+            let oxs = f32::from_bits(arch::shfl_bfly_u32(xs.to_bits(), m));
+            let omax = f32::from_bits(arch::shfl_bfly_u32(lse.max.to_bits(), m));
+            let osum = f32::from_bits(arch::shfl_bfly_u32(lse.sum.to_bits(), m));
+            let okey = (u64::from(khi) << 32) | u64::from(klo);
+            if okey > key {
+                key = okey;
+                xs = oxs;
+            }
+            lse = lse.merge(Lse2 {
+                max: omax,
+                sum: osum,
+            });
+            m >>= 1;
+        }
+        let warp = (tid / 32) as usize;
+        if tid % 32 == 0 {
+            let w = smem.add(5 * warp);
+            *w = key;
+            *w.add(1) = u64::from(xs.to_bits());
+            *w.add(2) = (u64::from(lse.max.to_bits()) << 32) | u64::from(lse.sum.to_bits());
+        }
+        arch::bar_sync();
+        if tid == 0 {
+            let mut key = 0u64;
+            let mut xs = f32::NAN;
+            let mut lse = Lse2::EMPTY;
+            let mut w = 0;
+            while w < 8 {
+                let s = smem.add(5 * w);
+                if *s > key {
+                    key = *s;
+                    xs = f32::from_bits(*s.add(1) as u32);
+                }
+                let l = *s.add(2);
+                lse = lse.merge(Lse2 {
+                    max: f32::from_bits((l >> 32) as u32),
+                    sum: f32::from_bits(l as u32),
+                });
+                w += 1;
+            }
+            let r = row as usize;
+            let ok = sample::is_valid(key);
+            *tokens.add(r) = if ok { sample::token(key) } else { 0 };
+            *valid.add(r) = u8::from(ok);
+            let class = key >> 62;
+            let ln_z = if lse.sum > 0.0 {
+                (lse.max + arch::lg2_approx_f32(lse.sum)) * LN2
+            } else {
+                f32::NEG_INFINITY
+            };
+            let (ln_z, logprob) = match class {
+                1 => (ln_z, xs - ln_z),
+                2 => (f32::INFINITY, f32::NAN),
+                _ => (f32::NEG_INFINITY, f32::NAN),
+            };
+            if !lse_out.is_null() {
+                *lse_out.add(r) = ln_z;
+            }
+            if !logprob_out.is_null() {
+                *logprob_out.add(r) = logprob;
+            }
+        }
+    }
+}
