@@ -52,6 +52,10 @@ fn swz(r: u32, c: u32) -> u32 {
     r * (CHUNKS * 16) + ((c ^ (r & 7)) * 16)
 }
 
+/// A 16-byte aligned unit of shared memory.
+#[repr(C, align(16))]
+struct Align16([u8; 16]);
+
 /// Tensor-core operand type.
 trait Mma {
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
@@ -165,7 +169,9 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let lane = tid % 32;
     let warp = tid / 32;
     let b0 = arch::block_idx_x() * NB;
-    let smem = arch::dynamic_shared::<u8>();
+    // 16-byte alignment for cp.async and ldmatrix (the dynamic shared
+    // memory symbol takes the largest alignment any kernel asks for).
+    let smem = arch::dynamic_shared::<Align16>() as *mut u8;
     let smem0 = arch::smem_addr(smem);
     let stage_bytes = fused_stage_bytes(NB);
     // SAFETY: the staging tile sits after the pipeline stages, inside the
