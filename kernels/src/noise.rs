@@ -99,6 +99,30 @@ pub fn gumbel_from_bits(bits: u32) -> f32 {
 /// this can win a Gumbel-max race.
 pub const GUMBEL_MAX: f32 = 22.88;
 
+/// An upper bound on [`gumbel_from_bits`]: `0.37` for words in the lower
+/// half (`u < 1/2`, where `G = -ln(-ln u) < -ln(ln 2) = 0.3665`), else
+/// `(1 + clz(!bits)) ln 2`: with `s = (!bits + 1/2) / 2^32` the distance of
+/// `u` from 1, `-ln u >= s`, so `G <= -ln s <= 32 ln 2 - ln(!bits)`, and
+/// `!bits >= 2^(31 - clz(!bits))` (for `!bits = 0`, `s = 2^-33` and the bound
+/// is `33 ln 2`). In particular every word with `!bits >= 2^24` has
+/// `G <= 8 ln 2` ([`GUMBEL_BOUND_COMMON`]): the kernels' one-compare test.
+#[inline(always)]
+pub fn gumbel_upper_bound(bits: u32) -> f32 {
+    if bits < 0x8000_0000 {
+        0.37
+    } else {
+        // ln 2 rounded up, so the product stays an upper bound.
+        (1 + (!bits).leading_zeros()) as f32 * 0.693_148
+    }
+}
+
+/// Words with `!bits >= COMMON_WORD_MIN` (all but one in 256) have Gumbel
+/// noise at most [`GUMBEL_BOUND_COMMON`].
+pub const COMMON_WORD_MIN: u32 = 1 << 24;
+/// `8 ln 2` rounded up: the bound of [`gumbel_upper_bound`] for every word
+/// with `!bits >= 2^24`.
+pub const GUMBEL_BOUND_COMMON: f32 = 8.0 * 0.693_148;
+
 /// Upper bound on the error of the kernels' approximate Gumbel noise (from
 /// `lg2.approx`) against [`gumbel_from_bits`], over all 2^32 words: the
 /// kernels' candidate filter keeps a margin of twice this. The GPU test suite
@@ -112,6 +136,29 @@ mod tests {
     fn ulps(a: f32, b: f64) -> f64 {
         let ulp = f64::from(f32::EPSILON) * b.abs().max(f64::from(f32::MIN_POSITIVE));
         (f64::from(a) - b).abs() / ulp
+    }
+
+    #[test]
+    fn gumbel_upper_bound_holds() {
+        let check = |w: u32| {
+            let (g, ub) = (gumbel_from_bits(w), gumbel_upper_bound(w));
+            assert!(g <= ub, "word {w:#010x}: G = {g} above its bound {ub}");
+            if !w >= COMMON_WORD_MIN {
+                assert!(g <= GUMBEL_BOUND_COMMON, "word {w:#010x}: G = {g} above the common bound");
+            }
+        };
+        // Exhaustively where G is largest (u within 2^-8 of 1), sampled
+        // elsewhere, and around the half-way and 2^24 boundaries.
+        for w in (u32::MAX - (1 << 24))..=u32::MAX {
+            check(w);
+        }
+        for w in (0..=u32::MAX).step_by(257) {
+            check(w);
+        }
+        for w in (0x7fff_ff00..=0x8000_00ff).chain((!COMMON_WORD_MIN - 256)..=(!COMMON_WORD_MIN + 256)) {
+            check(w);
+        }
+        assert!(gumbel_upper_bound(u32::MAX) >= GUMBEL_MAX - 0.01);
     }
 
     #[test]

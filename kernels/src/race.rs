@@ -23,6 +23,12 @@ pub fn gumbel_approx(bits: u32) -> f32 {
     -LN2 * arch::lg2_approx_f32(e)
 }
 
+/// Above every approximate noise value: [`noise::GUMBEL_MAX`] plus twice
+/// the approximation error.
+const NOISE_CAP: f32 = noise::GUMBEL_MAX + 2.0 * GUMBEL_APPROX_ERR;
+/// Above the approximate noise of every common word (see [`Race::visit`]).
+const COMMON_CAP: f32 = noise::GUMBEL_BOUND_COMMON + 2.0 * GUMBEL_APPROX_ERR;
+
 /// The approximate score a token must reach to be worth an exact look, given
 /// the best approximate score `a` seen so far (see [`Race::visit`]).
 #[inline(always)]
@@ -85,18 +91,25 @@ impl Race {
         }
     }
 
+    /// Token `j` with logit `x`, scaled logit `xs = x * inv_t` and noise
+    /// word `bits`.
     #[inline(always)]
-    fn visit(&mut self, x: f32, bits: u32, j: u32) {
-        let a = if x == f32::INFINITY {
-            f32::INFINITY
-        } else {
-            x * self.inv_t + gumbel_approx(bits)
-        };
+    fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
+        // Cheapest rejection first, integer and add only (no conversion or
+        // logarithm, which run at a quarter of the ALU rate): for all but one
+        // word in 256 the noise is at most GUMBEL_BOUND_COMMON, so with the
+        // approximation error (twice, covering the rounding of the sum) a
+        // token below the threshold by more than that is skipped, as the
+        // approximate test below would skip it.
+        if !bits >= noise::COMMON_WORD_MIN && xs + COMMON_CAP < self.thr {
+            return;
+        }
+        let a = if x == f32::INFINITY { f32::INFINITY } else { xs + gumbel_approx(bits) };
         if a >= self.thr {
             let k = sample::gumbel_key(x, self.inv_t, bits, j);
             if k > self.best {
                 self.best = k;
-                self.best_xs = x * self.inv_t;
+                self.best_xs = xs;
             }
             if a > self.best_a {
                 self.best_a = a;
@@ -125,11 +138,18 @@ impl Race {
             self.visit_greedy(x[2], j + 2);
             self.visit_greedy(x[3], j + 3);
         } else {
+            let xs = [x[0] * self.inv_t, x[1] * self.inv_t, x[2] * self.inv_t, x[3] * self.inv_t];
+            // No noise can lift any of the four to the threshold: skip the
+            // Philox call (typical of real, peaked logits at T <= 1).
+            let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
+            if top + NOISE_CAP < self.thr {
+                return;
+            }
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-            self.visit(x[0], r[0], j);
-            self.visit(x[1], r[1], j + 1);
-            self.visit(x[2], r[2], j + 2);
-            self.visit(x[3], r[3], j + 3);
+            self.visit(x[0], xs[0], r[0], j);
+            self.visit(x[1], xs[1], r[1], j + 1);
+            self.visit(x[2], xs[2], r[2], j + 2);
+            self.visit(x[3], xs[3], r[3], j + 3);
         }
     }
 
@@ -138,7 +158,7 @@ impl Race {
         if self.greedy {
             self.visit_greedy(x, j);
         } else {
-            self.visit(x, philox::token_noise(self.key, self.offset, j), j);
+            self.visit(x, x * self.inv_t, philox::token_noise(self.key, self.offset, j), j);
         }
     }
 }
