@@ -52,7 +52,10 @@ impl HeadShape {
         }
     }
 
-    pub(crate) fn validate(
+    /// Rejects inconsistent shapes and buffers shorter than the shape needs
+    /// (hidden states, LM head, optional bias): the check every fused launch
+    /// makes first.
+    pub fn validate(
         &self,
         hidden_len: usize,
         head_len: usize,

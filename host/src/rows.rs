@@ -67,9 +67,11 @@ impl Rows {
         }
     }
 
-    /// Rejects empty, oversized or inconsistent shapes and buffers shorter
-    /// than the shape needs.
-    pub(crate) fn validate(&self, what: &'static str, len: usize) -> Result<()> {
+    /// Rejects empty, oversized or inconsistent shapes and a buffer `what`
+    /// of `len` elements shorter than the shape needs: the check every
+    /// launch makes first. `Ok` guarantees `min_len() <= len` without
+    /// overflow.
+    pub fn validate(&self, what: &'static str, len: usize) -> Result<()> {
         if self.batch == 0 || self.batch > u32::MAX as usize / 2 {
             return Err(param("batch", self.batch));
         }
