@@ -10,8 +10,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{Backend, HeadShape, Rows};
-use rand::rngs::StdRng;
 use rand::Rng;
+use rand::rngs::StdRng;
 
 const CASES: usize = 10_000;
 
@@ -33,7 +33,10 @@ fn fuzz<I: std::fmt::Debug>(
         }
     }
     println!("{name}: {CASES} cases, {accepted} accepted, no panic");
-    assert!(accepted >= CASES / 20 && accepted <= CASES - CASES / 20, "{name}: {accepted} of {CASES} accepted");
+    assert!(
+        (CASES / 20..=CASES - CASES / 20).contains(&accepted),
+        "{name}: {accepted} of {CASES} accepted"
+    );
 }
 
 /// A size: mostly small, sometimes 0, huge or at the edge of the types.
@@ -77,7 +80,15 @@ fn params(rng: &mut StdRng) -> SamplingParams {
 }
 
 fn logits(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| if rng.random_bool(0.1) { float(rng) } else { rng.random_range(-10.0f32..10.0) }).collect()
+    (0..n)
+        .map(|_| {
+            if rng.random_bool(0.1) {
+                float(rng)
+            } else {
+                rng.random_range(-10.0f32..10.0)
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -88,17 +99,32 @@ fn rows_validation_accepts_only_shapes_the_buffer_holds() {
             if rng.random_bool(0.5) {
                 // Plausible: a buffer of about the size the shape needs.
                 let (batch, vocab) = (rng.random_range(0..40), rng.random_range(0..5000));
-                let rows = Rows { batch, vocab, row_stride: vocab + rng.random_range(0..3) };
+                let rows = Rows {
+                    batch,
+                    vocab,
+                    row_stride: vocab + rng.random_range(0..3),
+                };
                 let len = (rows.min_len() as i64 + rng.random_range(-2..3)).max(0) as usize;
                 (rows, len)
             } else {
-                (Rows { batch: size(rng), vocab: size(rng), row_stride: size(rng) }, size(rng))
+                (
+                    Rows {
+                        batch: size(rng),
+                        vocab: size(rng),
+                        row_stride: size(rng),
+                    },
+                    size(rng),
+                )
             }
         },
         |(rows, len)| {
             let ok = rows.validate("logits", *len).is_ok();
             if ok {
-                assert!(rows.batch > 0 && rows.vocab > 0 && rows.vocab as u64 <= flashsample::kernels::sample::MAX_VOCAB);
+                assert!(
+                    rows.batch > 0
+                        && rows.vocab > 0
+                        && rows.vocab as u64 <= flashsample::kernels::sample::MAX_VOCAB
+                );
                 assert!(rows.row_stride >= rows.vocab);
                 let need = (rows.batch - 1) as u128 * rows.row_stride as u128 + rows.vocab as u128;
                 assert!(need <= *len as u128, "accepted {rows:?} for {len} elements");
@@ -118,8 +144,15 @@ fn head_shape_validation_accepts_only_shapes_the_buffers_hold() {
                 let (batch, vocab) = (rng.random_range(0..40), rng.random_range(0..5000));
                 let dim = [8, 16, 64, 4096, 12, 0][rng.random_range(0..6)];
                 let stride = dim + [0, 8, 4][rng.random_range(0..3)];
-                let s = HeadShape { batch, vocab, dim, hidden_stride: stride };
-                let jitter = |rng: &mut StdRng, n: usize| (n as i64 + rng.random_range(-1..2)).max(0) as usize;
+                let s = HeadShape {
+                    batch,
+                    vocab,
+                    dim,
+                    hidden_stride: stride,
+                };
+                let jitter = |rng: &mut StdRng, n: usize| {
+                    (n as i64 + rng.random_range(-1..2)).max(0) as usize
+                };
                 let h = jitter(rng, batch.saturating_sub(1) * stride + dim);
                 let w = jitter(rng, vocab * dim);
                 let b = rng.random_bool(0.5).then(|| jitter(rng, vocab));
@@ -128,7 +161,11 @@ fn head_shape_validation_accepts_only_shapes_the_buffers_hold() {
                 let shape = HeadShape {
                     batch: size(rng),
                     vocab: size(rng),
-                    dim: if rng.random_bool(0.5) { 8 * rng.random_range(0..40) } else { size(rng) },
+                    dim: if rng.random_bool(0.5) {
+                        8 * rng.random_range(0..40)
+                    } else {
+                        size(rng)
+                    },
                     hidden_stride: size(rng),
                 };
                 let bias = rng.random_bool(0.5).then(|| size(rng));
@@ -138,7 +175,13 @@ fn head_shape_validation_accepts_only_shapes_the_buffers_hold() {
         |(s, h, w, b)| {
             let ok = s.validate(*h, *w, *b).is_ok();
             if ok {
-                assert!(s.batch > 0 && s.vocab > 0 && s.dim > 0 && s.dim % 8 == 0 && s.hidden_stride % 8 == 0);
+                assert!(
+                    s.batch > 0
+                        && s.vocab > 0
+                        && s.dim > 0
+                        && s.dim % 8 == 0
+                        && s.hidden_stride % 8 == 0
+                );
                 let need_h = (s.batch - 1) as u128 * s.hidden_stride as u128 + s.dim as u128;
                 assert!(need_h <= *h as u128 && (s.vocab as u128 * s.dim as u128) <= *w as u128);
                 assert!(b.is_none_or(|b| b >= s.vocab));
@@ -154,12 +197,32 @@ fn cpu_backend_never_panics() {
     fuzz(
         "Backend::Cpu::sample_from_logits",
         |rng| {
-            let vocab = if rng.random_bool(0.9) { rng.random_range(1..200) } else { size(rng) };
+            let vocab = if rng.random_bool(0.9) {
+                rng.random_range(1..200)
+            } else {
+                size(rng)
+            };
             let batch = rng.random_range(0..5);
-            let n = if rng.random_bool(0.8) { batch * vocab.min(200) } else { rng.random_range(0..500) };
-            let m = |rng: &mut StdRng| if rng.random_bool(0.9) { batch } else { rng.random_range(0..6) };
+            let n = if rng.random_bool(0.8) {
+                batch * vocab.min(200)
+            } else {
+                rng.random_range(0..500)
+            };
+            let m = |rng: &mut StdRng| {
+                if rng.random_bool(0.9) {
+                    batch
+                } else {
+                    rng.random_range(0..6)
+                }
+            };
             let (nt, ns, no) = (m(rng), m(rng), m(rng));
-            (logits(rng, n), vocab, (0..nt).map(|_| float(rng)).collect::<Vec<_>>(), vec![7u64; ns], vec![1u64; no])
+            (
+                logits(rng, n),
+                vocab,
+                (0..nt).map(|_| float(rng)).collect::<Vec<_>>(),
+                vec![7u64; ns],
+                vec![1u64; no],
+            )
         },
         |(l, vocab, t, s, o)| match cpu.sample_from_logits(l, *vocab, t, s, o) {
             Ok(tokens) => {
@@ -177,11 +240,27 @@ fn reference_batch_entry_points_never_panic() {
     fuzz(
         "reference batch entry points",
         |rng| {
-            let vocab = if rng.random_bool(0.95) { rng.random_range(1..120) } else { size(rng) };
+            let vocab = if rng.random_bool(0.95) {
+                rng.random_range(1..120)
+            } else {
+                size(rng)
+            };
             let batch = rng.random_range(0..4);
-            let n = if rng.random_bool(0.8) { batch * vocab.min(120) } else { rng.random_range(0..300) };
-            let np = if rng.random_bool(0.9) { batch } else { rng.random_range(0..5) };
-            (logits(rng, n), vocab, (0..np).map(|_| params(rng)).collect::<Vec<_>>())
+            let n = if rng.random_bool(0.8) {
+                batch * vocab.min(120)
+            } else {
+                rng.random_range(0..300)
+            };
+            let np = if rng.random_bool(0.9) {
+                batch
+            } else {
+                rng.random_range(0..5)
+            };
+            (
+                logits(rng, n),
+                vocab,
+                (0..np).map(|_| params(rng)).collect::<Vec<_>>(),
+            )
         },
         |(l, vocab, p)| {
             let sets = reference::kept_sets(l, *vocab, p);
@@ -190,7 +269,12 @@ fn reference_batch_entry_points_never_panic() {
                 for (set, q) in sets.iter().zip(p) {
                     assert!(set.iter().all(|&j| (j as usize) < *vocab));
                     if q.top_k > 0 && (q.top_k as usize) < *vocab {
-                        assert!(set.len() <= q.top_k as usize, "top-k {} kept {}", q.top_k, set.len());
+                        assert!(
+                            set.len() <= q.top_k as usize,
+                            "top-k {} kept {}",
+                            q.top_k,
+                            set.len()
+                        );
                     }
                 }
             }
@@ -217,7 +301,11 @@ fn reference_lm_head_never_panics() {
         "reference::lm_head_logits / fused_tokens_agree",
         |rng| {
             let dim = rng.random_range(0..20);
-            let wlen = if rng.random_bool(0.8) { dim * rng.random_range(0..30) } else { rng.random_range(0..100) };
+            let wlen = if rng.random_bool(0.8) {
+                dim * rng.random_range(0..30)
+            } else {
+                rng.random_range(0..100)
+            };
             let nb = rng.random_range(0..40);
             let bias = rng.random_bool(0.3).then(|| logits(rng, nb));
             let tok = rng.random_bool(0.8).then(|| rng.random_range(0..50u32));

@@ -711,9 +711,9 @@ fn fused_agrees_with_unfused_pipeline() {
             )
             .unwrap();
         let tokens = stream.clone_dtoh(&out.tokens).unwrap();
-        for r in 0..batch {
+        for (r, &token) in tokens.iter().enumerate().take(batch) {
             rows += 1;
-            if fused.0[r] == Some(tokens[r]) {
+            if fused.0[r] == Some(token) {
                 same += 1;
             } else {
                 let refl = head.reference(r);
@@ -722,7 +722,7 @@ fn fused_agrees_with_unfused_pipeline() {
                     head.temperature[r],
                     head.seed[r],
                     head.offset[r],
-                    Some(tokens[r]),
+                    Some(token),
                 );
                 report.check(res.is_ok(), || {
                     format!("unfused token off the reference: {}", res.unwrap_err())

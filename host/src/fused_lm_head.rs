@@ -67,13 +67,13 @@ impl HeadShape {
         if self.vocab == 0 || self.vocab as u64 > MAX_VOCAB {
             return Err(param("vocab", self.vocab));
         }
-        if self.dim == 0 || self.dim % 8 != 0 || self.dim > u32::MAX as usize / 2 {
+        if self.dim == 0 || !self.dim.is_multiple_of(8) || self.dim > u32::MAX as usize / 2 {
             return Err(param(
                 "dim",
                 format_args!("{} (a positive multiple of 8)", self.dim),
             ));
         }
-        if self.hidden_stride < self.dim || self.hidden_stride % 8 != 0 {
+        if self.hidden_stride < self.dim || !self.hidden_stride.is_multiple_of(8) {
             return Err(param("hidden_stride", self.hidden_stride));
         }
         let need_h = (self.batch - 1)

@@ -1089,7 +1089,7 @@ pub fn lm_head_logits(
     bias: Option<&[f32]>,
 ) -> Result<HeadLogits, ReferenceError> {
     let dim = hidden.len();
-    if dim == 0 || weight.len() % dim != 0 {
+    if dim == 0 || !weight.len().is_multiple_of(dim) {
         return Err(ReferenceError::Shape {
             what: "weight",
             expected: dim,

@@ -144,7 +144,10 @@ mod tests {
             let (g, ub) = (gumbel_from_bits(w), gumbel_upper_bound(w));
             assert!(g <= ub, "word {w:#010x}: G = {g} above its bound {ub}");
             if !w >= COMMON_WORD_MIN {
-                assert!(g <= GUMBEL_BOUND_COMMON, "word {w:#010x}: G = {g} above the common bound");
+                assert!(
+                    g <= GUMBEL_BOUND_COMMON,
+                    "word {w:#010x}: G = {g} above the common bound"
+                );
             }
         };
         // Exhaustively where G is largest (u within 2^-8 of 1), sampled
@@ -155,7 +158,9 @@ mod tests {
         for w in (0..=u32::MAX).step_by(257) {
             check(w);
         }
-        for w in (0x7fff_ff00..=0x8000_00ff).chain((!COMMON_WORD_MIN - 256)..=(!COMMON_WORD_MIN + 256)) {
+        for w in
+            (0x7fff_ff00..=0x8000_00ff).chain((!COMMON_WORD_MIN - 256)..=(!COMMON_WORD_MIN + 256))
+        {
             check(w);
         }
         assert!(gumbel_upper_bound(u32::MAX) >= GUMBEL_MAX - 0.01);

@@ -104,7 +104,11 @@ impl Race {
         if !bits >= noise::COMMON_WORD_MIN && xs + COMMON_CAP < self.thr {
             return;
         }
-        let a = if x == f32::INFINITY { f32::INFINITY } else { xs + gumbel_approx(bits) };
+        let a = if x == f32::INFINITY {
+            f32::INFINITY
+        } else {
+            xs + gumbel_approx(bits)
+        };
         if a >= self.thr {
             let k = sample::gumbel_key(x, self.inv_t, bits, j);
             if k > self.best {
@@ -138,7 +142,12 @@ impl Race {
             self.visit_greedy(x[2], j + 2);
             self.visit_greedy(x[3], j + 3);
         } else {
-            let xs = [x[0] * self.inv_t, x[1] * self.inv_t, x[2] * self.inv_t, x[3] * self.inv_t];
+            let xs = [
+                x[0] * self.inv_t,
+                x[1] * self.inv_t,
+                x[2] * self.inv_t,
+                x[3] * self.inv_t,
+            ];
             // No noise can lift any of the four to the threshold: skip the
             // Philox call (typical of real, peaked logits at T <= 1).
             let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
@@ -158,7 +167,12 @@ impl Race {
         if self.greedy {
             self.visit_greedy(x, j);
         } else {
-            self.visit(x, x * self.inv_t, philox::token_noise(self.key, self.offset, j), j);
+            self.visit(
+                x,
+                x * self.inv_t,
+                philox::token_noise(self.key, self.offset, j),
+                j,
+            );
         }
     }
 }

