@@ -10,6 +10,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/corpus/mod.rs"]
+mod corpus;
 mod harness;
 
 use std::fmt::Write as _;
@@ -18,6 +20,38 @@ use cudarc::driver::CudaSlice;
 use flashsample::{Result, RowParams, Rows, SampleOutput, Workspace};
 use harness::{L2_BYTES, time_us, torch_refs};
 use rand::SeedableRng;
+
+/// `batch` rows of Gaussian logits (64 distinct rows, repeated).
+fn gaussian_rows(rng: &mut rand::rngs::StdRng, batch: usize, vocab: usize) -> Vec<f32> {
+    let mut host = Vec::with_capacity(batch * vocab);
+    for _ in 0..batch.min(64) {
+        common::push_row(rng, common::Dist::Gaussian, vocab, &mut host);
+    }
+    while host.len() < batch * vocab {
+        let n = (batch * vocab - host.len()).min(host.len());
+        host.extend_from_within(..n);
+    }
+    host
+}
+
+/// Logits rows of the SmolLM2 corpus (`FLASHSAMPLE_CORPUS`, else the full
+/// corpus next to the model), at most 64; none when there is no corpus.
+fn real_rows() -> Vec<Vec<f32>> {
+    let path = std::env::var("FLASHSAMPLE_CORPUS")
+        .map(std::path::PathBuf::from)
+        .or_else(|_| corpus::default_path());
+    match path.map(|p| corpus::Reader::open(&p)) {
+        Ok(Ok(reader)) => reader
+            .take(64)
+            .filter_map(|r| r.ok())
+            .map(|r| r.logits)
+            .collect(),
+        _ => {
+            println!("no logits corpus: no real-distribution lines");
+            Vec::new()
+        }
+    }
+}
 
 fn main() -> Result<()> {
     let Some((dev, stream)) = common::gpu("bench sampling") else {
@@ -47,20 +81,14 @@ fn main() -> Result<()> {
     )
     .ok();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let real = real_rows();
     let mut failures = 0;
     for vocab in [128_256usize, 262_144] {
         for batch in [1usize, 32, 128, 1024] {
             let rows = Rows::contiguous(batch, vocab);
             let bytes = batch * vocab * 4;
             let copies = (2 * L2_BYTES).div_ceil(bytes).clamp(1, 256);
-            let mut host = Vec::with_capacity(batch * vocab);
-            for _ in 0..batch.min(64) {
-                common::push_row(&mut rng, common::Dist::Gaussian, vocab, &mut host);
-            }
-            while host.len() < batch * vocab {
-                let n = (batch * vocab - host.len()).min(host.len());
-                host.extend_from_within(..n);
-            }
+            let host = gaussian_rows(&mut rng, batch, vocab);
             let bufs: Vec<CudaSlice<f32>> = (0..copies)
                 .map(|_| stream.clone_htod(&host))
                 .collect::<Result<_, _>>()?;
@@ -118,6 +146,34 @@ fn main() -> Result<()> {
             println!(
                 "B={batch} V={vocab}: sampling {t:.1} us (floor {floor:.1}), softmax {ts:.1} us"
             );
+            if !real.is_empty() {
+                // Real SmolLM2 rows (49152 wide), tiled to the bench's V.
+                let host: Vec<f32> = (0..batch)
+                    .flat_map(|r| real[r % real.len()].iter().copied().cycle().take(vocab))
+                    .collect();
+                let bufs: Vec<CudaSlice<f32>> = (0..copies)
+                    .map(|_| stream.clone_htod(&host))
+                    .collect::<Result<_, _>>()?;
+                let t = time_us(&stream, 5, 9, |i| {
+                    dev.sampling_from_logits(
+                        &stream,
+                        &bufs[i % copies].as_view(),
+                        rows,
+                        &params,
+                        &mut out,
+                        &mut ws,
+                    )
+                })?;
+                let ok = t <= target;
+                failures += usize::from(!ok);
+                writeln!(
+                    table,
+                    "| sampling_from_logits f32 real (SmolLM2 rows tiled to V) B={batch} V={vocab} | {floor:.1} | {t:.1} | {:.2} | {target:.1} | {} | - |",
+                    t / floor,
+                    if ok { "yes" } else { "NO" },
+                )
+                .ok();
+            }
         }
     }
     println!("\n{table}");

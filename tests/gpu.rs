@@ -6,6 +6,7 @@
 //! dispatch path; the bundle also runs them under compute-sanitizer.
 
 mod common;
+mod corpus;
 
 use std::sync::Arc;
 
@@ -1109,4 +1110,98 @@ fn concurrent_calls_on_several_streams_agree_with_serial_calls() {
         serial, concurrent,
         "concurrent calls on several streams changed tokens"
     );
+}
+
+/// Rows of the SmolLM2 logits corpus: the bundle's subset
+/// (`FLASHSAMPLE_CORPUS`) or the full corpus next to the model, at most `max`
+/// rows spread over it; none (with a visible note) when there is no corpus.
+fn corpus_rows(test: &str, max: usize) -> Vec<corpus::Row> {
+    use std::io::Write;
+    let path = match std::env::var("FLASHSAMPLE_CORPUS") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(_) => match corpus::default_path() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "NOTE {test}: no logits corpus ({e})");
+                return Vec::new();
+            }
+        },
+    };
+    let Ok(reader) = corpus::Reader::open(&path) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "NOTE {test}: no logits corpus at {} (cargo xtask logits-corpus)",
+            path.display()
+        );
+        return Vec::new();
+    };
+    let every = corpus::Reader::count(&reader).div_ceil(max).max(1);
+    reader.step_by(every).map(|r| r.unwrap()).collect()
+}
+
+/// Real logits (SmolLM2-135M, 49152 tokens: heavy right tails, spikes,
+/// near-ties) through sampling_from_logits (f32 and bf16) and softmax, at
+/// the corpus row's own temperature and at 0.3, 1 and 2.
+#[test]
+fn samplers_match_float64_reference_on_real_logits() {
+    let Some((dev, stream)) = common::gpu("samplers_match_float64_reference_on_real_logits") else {
+        return;
+    };
+    let rows = corpus_rows("samplers_match_float64_reference_on_real_logits", 120);
+    if rows.is_empty() {
+        return;
+    }
+    let mut rng = common::rng("samplers_match_float64_reference_on_real_logits");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let vocab = rows[0].logits.len();
+    for t in [None, Some(0.3f32), Some(1.0), Some(2.0)] {
+        let batch = rows.len();
+        let b = Batch {
+            rows: Rows::contiguous(batch, vocab),
+            logits: rows.iter().flat_map(|r| r.logits.iter().copied()).collect(),
+            temperature: rows.iter().map(|r| t.unwrap_or(r.temperature)).collect(),
+            seed: (0..batch).map(|_| rng.random()).collect(),
+            offset: (0..batch)
+                .map(|_| rng.random_range(0..1u64 << 40))
+                .collect(),
+        };
+        let d = stream.clone_htod(&b.logits).unwrap();
+        let got = sample_on_gpu(&dev, &stream, &d, &b, &mut ws);
+        check_against_reference(&b, &got, &mut report, |r| r.to_vec());
+        let h: Vec<half::bf16> = b.logits.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let d16 = stream.clone_htod(&h).unwrap();
+        let got = sample_on_gpu(&dev, &stream, &d16, &b, &mut ws);
+        check_against_reference(&b, &got, &mut report, |r| {
+            r.iter().map(|&x| common::bf16_round(x)).collect()
+        });
+        let d_t = stream.clone_htod(&b.temperature).unwrap();
+        let mut probs: CudaSlice<f32> = stream.alloc_zeros(batch * vocab).unwrap();
+        dev.softmax(
+            &stream,
+            &d.as_view(),
+            b.rows,
+            &d_t.as_view(),
+            &mut probs.as_view_mut(),
+            &mut ws,
+        )
+        .unwrap();
+        let p = stream.clone_dtoh(&probs).unwrap();
+        for r in 0..batch {
+            let want = reference::softmax(b.row(r), b.temperature[r]).unwrap();
+            let worst = p[r * vocab..(r + 1) * vocab]
+                .iter()
+                .zip(&want)
+                .map(|(&g, &w)| (f64::from(g) - w).abs() / (2e-5 * w + 1e-9))
+                .fold(0.0f64, f64::max);
+            report.check(worst <= 1.0, || {
+                format!(
+                    "real row {r} T={}: softmax off by {worst:.2} x its tolerance",
+                    b.temperature[r]
+                )
+            });
+        }
+    }
+    println!("{} real rows", rows.len());
+    report.assert_none("samplers on real logits vs float64 reference");
 }

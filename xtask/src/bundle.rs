@@ -108,6 +108,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
     copy_ptx(&ptx_out, &out.join("ptx"))?;
     copy_scripts(&workspace_root().join("benches"), &out.join("scripts"))?;
+    corpus_subset(&out.join("data"))?;
     if !report.is_empty() {
         let file = out.join("ptx/ptxas-report.txt");
         std::fs::write(&file, report.trim_start())
@@ -304,4 +305,46 @@ fn which(program: &str) -> Option<PathBuf> {
             .map(|d| d.join(program))
             .find(|p| p.is_file())
     })
+}
+
+/// Steps kept from each (prompt, temperature) run of the logits corpus: one
+/// in 32 (60 rows, 12 MB), so the bundle stays far below the transfer limit.
+const CORPUS_STEP_STRIDE: u32 = 32;
+
+/// Copies every `CORPUS_STEP_STRIDE`-th step of the SmolLM2 logits corpus
+/// (when `cargo xtask logits-corpus` has written it) to `dir/corpus.bin`, for
+/// the GPU tests and benches (`run` points `FLASHSAMPLE_CORPUS` at it).
+fn corpus_subset(dir: &Path) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let src = match crate::corpus::default_path() {
+        Ok(p) if p.exists() => p,
+        _ => {
+            println!("no logits corpus (cargo xtask logits-corpus): the bundle carries none");
+            return Ok(());
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let reader =
+        crate::corpus::Reader::open(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let dest = dir.join("corpus.bin");
+    let mut writer = crate::corpus::Writer::create(&dest, reader.vocab(), reader.hidden())
+        .map_err(|e| format!("{}: {e}", dest.display()))?;
+    for row in reader {
+        let row = row.map_err(|e| format!("{}: {e}", src.display()))?;
+        if row.step % CORPUS_STEP_STRIDE == 0 {
+            writer
+                .push(
+                    row.prompt,
+                    row.temperature,
+                    row.step,
+                    &row.logits,
+                    &row.hidden,
+                )
+                .map_err(|e| format!("{}: {e}", dest.display()))?;
+        }
+    }
+    writer
+        .finish()
+        .map_err(|e| format!("{}: {e}", dest.display()))?;
+    Ok(())
 }

@@ -13,6 +13,8 @@
 
 mod build_ptx;
 mod bundle;
+#[path = "../../tests/corpus/mod.rs"]
+mod corpus;
 mod model;
 mod ptx;
 mod tools;

@@ -46,6 +46,8 @@ OUT="$(cd "$OUT" && pwd)"
 cd "$HERE" || exit 1
 
 export FLASHSAMPLE_REQUIRE_GPU=1
+# The bundle's subset of the SmolLM2 logits corpus, when it carries one.
+[ -f "$HERE/data/corpus.bin" ] && export FLASHSAMPLE_CORPUS="$HERE/data/corpus.bin"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # run_logged LOG COMMAND...: runs COMMAND, its output to the console and
