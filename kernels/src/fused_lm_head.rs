@@ -29,6 +29,7 @@
 
 use crate::arch;
 use crate::block::Lse2;
+use crate::mma_layout::{CHUNKS, a_row, b_row, c_pos, swz};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_STAGES,
     FUSED_THREADS, FusedParams, fused_stage_bytes,
@@ -36,21 +37,14 @@ use crate::params::{
 use crate::race::Race;
 use crate::sample;
 
+const _: () = assert!(FUSED_BLOCK_K * 2 == crate::mma_layout::ROW_BYTES);
+
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
-/// 16-byte chunks per staged row of `FUSED_BLOCK_K` b16 elements.
-const CHUNKS: u32 = FUSED_BLOCK_K * 2 / 16;
 /// Epilogue threads per batch row, each owning 32 consecutive tokens of a
 /// tile (fixed, so the log-sum-exp tree does not depend on the batch tile).
 const SLOTS: u32 = 4;
 const SLOT_TOKENS: u32 = FUSED_BLOCK_V / SLOTS;
-
-/// Byte offset of 16-byte chunk `c` of staged row `r`, XOR-swizzled so that
-/// the eight row addresses of an `ldmatrix` hit eight different bank groups.
-#[inline(always)]
-fn swz(r: u32, c: u32) -> u32 {
-    r * (CHUNKS * 16) + ((c ^ (r & 7)) * 16)
-}
 
 /// A 16-byte aligned unit of shared memory.
 #[repr(C, align(16))]
@@ -138,14 +132,13 @@ unsafe fn mma_stage<M: Mma, const NB: u32, const NT: usize>(stage: u32, acc: &mu
     let hs = stage + FUSED_BLOCK_V * CHUNKS * 16;
     let mut kk = 0;
     while kk < FUSED_BLOCK_K / 16 {
-        let r = 16 * warp + (lane % 16);
+        let (r, c) = a_row(warp, lane, kk);
         // SAFETY: rows < FUSED_BLOCK_V and chunks < CHUNKS of this stage.
-        let a = unsafe { arch::ldmatrix_x4(stage + swz(r, 2 * kk + lane / 16)) };
+        let a = unsafe { arch::ldmatrix_x4(stage + swz(r, c)) };
         for pair in 0..NT / 2 {
-            let m = lane / 8;
-            let n = 16 * pair as u32 + (lane % 8) + 8 * (m / 2);
+            let (n, c) = b_row(lane, pair as u32, kk);
             // SAFETY: n < NB rows and chunk < CHUNKS of this stage.
-            let b = unsafe { arch::ldmatrix_x4(hs + swz(n, 2 * kk + (m % 2))) };
+            let b = unsafe { arch::ldmatrix_x4(hs + swz(n, c)) };
             acc[2 * pair] = M::mma(a, [b[0], b[1]], acc[2 * pair]);
             acc[2 * pair + 1] = M::mma(a, [b[2], b[3]], acc[2 * pair + 1]);
         }
@@ -237,29 +230,16 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
             arch::cp_async_wait_group::<0>();
 
             // Stage the warp's logits transposed: cs[b][v] (+ bias).
-            let g = lane / 4;
-            let t4 = lane % 4;
-            for nt in 0..NT {
-                let b = 8 * nt as u32 + 2 * t4;
-                let c = acc[nt];
-                // Rows g and g + 8 of the warp's 16; columns b and b + 1.
-                let v = 16 * warp + g;
-                let (bias_lo, bias_hi) = if p.has_bias != 0 {
-                    let at = |v: u32| {
-                        if v0 + v < p.vocab {
-                            *bias.add((v0 + v) as usize)
-                        } else {
-                            0.0
-                        }
+            for (nt, c) in acc.iter().enumerate() {
+                for (i, &x) in c.iter().enumerate() {
+                    let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
+                    let bias_v = if p.has_bias != 0 && v0 + v < p.vocab {
+                        *bias.add((v0 + v) as usize)
+                    } else {
+                        0.0
                     };
-                    (at(v), at(v + 8))
-                } else {
-                    (0.0, 0.0)
-                };
-                *cs.add((b * FUSED_CS_STRIDE + v) as usize) = c[0] + bias_lo;
-                *cs.add(((b + 1) * FUSED_CS_STRIDE + v) as usize) = c[1] + bias_lo;
-                *cs.add((b * FUSED_CS_STRIDE + v + 8) as usize) = c[2] + bias_hi;
-                *cs.add(((b + 1) * FUSED_CS_STRIDE + v + 8) as usize) = c[3] + bias_hi;
+                    *cs.add((b * FUSED_CS_STRIDE + v) as usize) = x + bias_v;
+                }
             }
             arch::bar_sync();
 

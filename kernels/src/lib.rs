@@ -23,6 +23,7 @@
 
 #[cfg(target_arch = "nvptx64")]
 mod block;
+pub mod mma_layout;
 pub mod noise;
 pub mod params;
 pub mod philox;
