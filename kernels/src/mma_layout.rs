@@ -106,11 +106,11 @@ mod tests {
             }
         }
         let mut d = *c;
-        for t in 0..32 {
+        for (t, dt) in d.iter_mut().enumerate() {
             let (g, q) = (t / 4, t % 4);
-            for i in 0..4 {
+            for (i, di) in dt.iter_mut().enumerate() {
                 let (row, col) = (g + 8 * (i / 2), 2 * q + (i % 2));
-                d[t][i] += (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f32>();
+                *di += (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f32>();
             }
         }
         d
