@@ -50,13 +50,18 @@ export FLASHSAMPLE_REQUIRE_GPU=1
 [ -f "$HERE/data/corpus.bin" ] && export FLASHSAMPLE_CORPUS="$HERE/data/corpus.bin"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-# run_logged LOG COMMAND...: runs COMMAND, its output to the console and
-# appended to LOG; returns COMMAND's exit status.
+# Seconds any one command may run (a hung kernel must not eat the whole
+# device lease): FLASHSAMPLE_STEP_TIMEOUT, default 300.
+STEP_TIMEOUT="${FLASHSAMPLE_STEP_TIMEOUT:-300}"
+
+# run_logged LOG COMMAND...: runs COMMAND (killed after STEP_TIMEOUT
+# seconds, exit status 124), its output to the console and appended to LOG;
+# returns COMMAND's exit status.
 run_logged() {
     local log="$1"
     shift
     echo "\$ $*" | tee -a "$log"
-    "$@" 2>&1 | tee -a "$log"
+    timeout --kill-after=10 "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$log"
     local rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then
         echo "exit status $rc: $*" | tee -a "$log"
@@ -71,13 +76,19 @@ header() {
 declare -A RESULT
 
 step_tests() {
-    local log="$OUT/tests.log" failed=() t
+    local log="$OUT/tests.log" failed=() t name
     : >"$log"
     for t in "${TESTS[@]}"; do
-        local args=()
-        # GPU tests share one device: run them one at a time.
-        case "$t" in gpu | gpu_* | gpu-*) args=(--test-threads=1) ;; esac
-        run_logged "$log" "bin/$t" "${args[@]}" || failed+=("$t")
+        case "$t" in
+            gpu | gpu_* | gpu-*)
+                # GPU tests one at a time, each in its own process under the
+                # step timeout: a hung kernel costs one test, not the run.
+                for name in $("bin/$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
+                    run_logged "$log" "bin/$t" --exact "$name" || failed+=("$t::$name")
+                done
+                ;;
+            *) run_logged "$log" "bin/$t" || failed+=("$t") ;;
+        esac
     done
     if [ ${#failed[@]} -eq 0 ]; then
         RESULT[tests]="ok (${#TESTS[@]} executables)"
