@@ -27,6 +27,7 @@ pub mod mma_layout;
 pub mod noise;
 pub mod params;
 pub mod philox;
+pub mod pivot;
 pub mod radix;
 pub mod sample;
 
