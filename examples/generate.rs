@@ -6,7 +6,12 @@
 //!
 //! Options: `--prompt TEXT`, `--max-tokens N` (64), `--temperature T` (0.7;
 //! 0 is greedy), `--top-k K` (0 = off), `--top-p P` (1 = off), `--min-p P`
-//! (0 = off), `--seed S` (0). The same seed writes the same text.
+//! (0 = off), `--seed S` (0), `--fused`. The same seed writes the same text.
+//!
+//! `--fused` (GPU only, no truncation): candle computes the final hidden
+//! state only (the model loaded with an identity LM head), and
+//! flashsample's fused kernel samples from it and the model's LM head
+//! (dequantised once to bf16 and uploaded) without writing the logits.
 
 #[path = "smollm/mod.rs"]
 mod smollm;
@@ -15,9 +20,10 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use flashsample::Backend;
 use flashsample::reference::SamplingParams;
-use smollm::{Model, Result, Sampler};
+use flashsample::{Backend, Device};
+use smollm::fused::GpuHead;
+use smollm::{Forward, HiddenModel, Model, Result, Sampler, Tokenizer};
 
 const USAGE: &str = "\
 usage: cargo run --release --example generate -- [options]
@@ -27,13 +33,17 @@ usage: cargo run --release --example generate -- [options]
   --top-k K           keep the K most likely tokens (default 0 = off)
   --top-p P           nucleus mass in (0, 1] (default 1 = off)
   --min-p P           keep tokens with p >= P * p_max (default 0 = off)
-  --seed S            64-bit sampling seed (default 0)";
+  --seed S            64-bit sampling seed (default 0)
+  --fused             sample from the final hidden state with the fused
+                      LM-head kernel (bf16 LM head on the GPU; needs a GPU;
+                      not with --top-k / --top-p / --min-p)";
 
 /// The command line.
 struct Args {
     prompt: String,
     max_tokens: usize,
     params: SamplingParams,
+    fused: bool,
 }
 
 /// Parses `--name value` / `--name=value` pairs; `None` for `--help`.
@@ -45,11 +55,16 @@ fn parse_args(args: &[String]) -> Result<Option<Args>> {
             temperature: 0.7,
             ..SamplingParams::default()
         },
+        fused: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         if arg == "--help" || arg == "-h" {
             return Ok(None);
+        }
+        if arg == "--fused" {
+            out.fused = true;
+            continue;
         }
         let (name, value) = match arg.split_once('=') {
             Some((n, v)) => (n, v.to_string()),
@@ -96,6 +111,9 @@ fn main() -> ExitCode {
 
 /// Loads the model and decodes `args.prompt`'s answer.
 fn run(args: &Args) -> Result<()> {
+    if args.fused {
+        return run_fused(args);
+    }
     let (backend, why) = Backend::auto();
     let mut sampler = Sampler::new(backend, args.params)?;
     println!("sampling on {} ({why})", sampler.describe());
@@ -109,6 +127,70 @@ fn run(args: &Args) -> Result<()> {
     let path = smollm::cache::model_path()?;
     let load = Instant::now();
     let (mut model, tokenizer) = Model::open(&path, false)?;
+    let prompt = encode_prompt(&tokenizer, args, &path, load)?;
+    generate(
+        &mut model,
+        &tokenizer,
+        &prompt,
+        args,
+        "sampling",
+        |step, out| sampler.sample(&out.logits.to_vec1::<f32>()?, step as u64),
+    )
+}
+
+/// `--fused`: the model without its LM head, and flashsample's fused
+/// LM-head sampler on the GPU (an error, not a fallback, without one).
+fn run_fused(args: &Args) -> Result<()> {
+    let p = &args.params;
+    p.validate()?;
+    if smollm::truncates(p) {
+        let msg = "--fused samples from the full distribution: --top-k, --top-p and \
+                   --min-p are not supported with it (drop them, or drop --fused)";
+        return Err(msg.into());
+    }
+    let device = Device::new(0).map_err(|e| {
+        format!(
+            "--fused needs a GPU (the fused LM-head kernel has no CPU version, and \
+             there is no fallback): {e}; run without --fused to sample on the CPU"
+        )
+    })?;
+    let stream = device.new_stream()?;
+
+    let path = smollm::cache::model_path()?;
+    let load = Instant::now();
+    let (mut model, tokenizer) = HiddenModel::open(&path)?;
+    let (name, lm_head) = smollm::lm_head_bf16(&path)?;
+    let mut head = GpuHead::new(&device, &stream, &lm_head, p.temperature, p.seed)?;
+    println!(
+        "sampling on GPU {} with the fused LM-head kernel: LM head `{name}` \
+         dequantised to bf16 ({} x {}, {:.1} MB) and uploaded once",
+        head.describe(),
+        smollm::VOCAB,
+        smollm::HIDDEN,
+        (lm_head.len() * 2) as f64 / 1e6
+    );
+    let prompt = encode_prompt(&tokenizer, args, &path, load)?;
+    generate(
+        &mut model,
+        &tokenizer,
+        &prompt,
+        args,
+        "fused LM head + sampling",
+        |step, hidden| {
+            head.set_row(&hidden.to_vec1::<f32>()?, step as u64)?;
+            head.fused()
+        },
+    )
+}
+
+/// The chat prompt's tokens, after a line saying what was loaded and how
+/// long it took.
+fn encode_prompt(
+    tokenizer: &Tokenizer,
+    args: &Args,
+    path: &std::path::Path,
+    load: Instant,
+) -> Result<Vec<u32>> {
     let prompt = tokenizer.encode(&smollm::chat_prompt(&args.prompt))?;
     println!(
         "loaded {} in {:.2} s; prompt: {} tokens\n",
@@ -116,7 +198,20 @@ fn run(args: &Args) -> Result<()> {
         load.elapsed().as_secs_f64(),
         prompt.len()
     );
+    Ok(prompt)
+}
 
+/// The decode loop of both modes: `sample(step, output)` picks each token
+/// (Philox offset = step index); streams the text, then prints tokens/s and
+/// the `what` call's share of a decoding step.
+fn generate<M: Forward>(
+    model: &mut M,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    args: &Args,
+    what: &str,
+    mut sample: impl FnMut(usize, &M::Output) -> Result<u32>,
+) -> Result<()> {
     let mut stdout = std::io::stdout();
     let mut text = tokenizer.inner().decode_stream(true);
     // Time of the decode steps' forward passes (the prompt's, the prefill,
@@ -126,7 +221,7 @@ fn run(args: &Args) -> Result<()> {
     let mut sampling = Duration::ZERO;
     let mut calls = 0usize;
     let mut last = Instant::now();
-    let tokens = smollm::decode(&mut model, &prompt, args.max_tokens, |step, out| {
+    let tokens = smollm::decode(model, prompt, args.max_tokens, |step, out| {
         let start = Instant::now();
         if step == 0 {
             prefill = start - last;
@@ -134,8 +229,7 @@ fn run(args: &Args) -> Result<()> {
             forward += start - last;
         }
         calls += 1;
-        let logits = out.logits.to_vec1::<f32>()?;
-        let token = sampler.sample(&logits, step as u64)?;
+        let token = sample(step, out)?;
         sampling += start.elapsed();
         if tokenizer.is_stop(token) {
             return Ok(None);
@@ -153,7 +247,7 @@ fn run(args: &Args) -> Result<()> {
     let (model_ms, sampling_ms) = (ms(forward, calls.saturating_sub(1)), ms(sampling, calls));
     println!(
         "{} tokens (seed {}); prompt {:.1} ms; decoding {:.1} tokens/s: {:.2} ms per step, \
-         model {model_ms:.2} ms + sampling {sampling_ms:.3} ms ({:.2}% of the step)",
+         model {model_ms:.2} ms + {what} {sampling_ms:.3} ms ({:.2}% of the step)",
         tokens.len(),
         args.params.seed,
         ms(prefill, 1),

