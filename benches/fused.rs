@@ -115,15 +115,9 @@ fn main() -> Result<()> {
             );
         }
     }
-    println!("\n{table}");
+    harness::report(&table)?;
     if misses > 0 {
         println!("{misses} case(s) miss a target");
-    }
-    if let Ok(path) = std::env::var("FLASHSAMPLE_BENCH_OUT") {
-        std::fs::write(&path, &table).map_err(|e| flashsample::Error::InvalidParam {
-            name: "FLASHSAMPLE_BENCH_OUT",
-            value: format!("{path}: {e}"),
-        })?;
     }
     Ok(())
 }

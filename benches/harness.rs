@@ -102,3 +102,16 @@ pub fn read_bandwidth(dev: &Device, stream: &Arc<CudaStream>, ws: &mut Workspace
     );
     Ok(read_bw)
 }
+
+/// Prints the bench's markdown table and writes it to
+/// `FLASHSAMPLE_BENCH_OUT` when set.
+pub fn report(table: &str) -> Result<()> {
+    println!("\n{table}");
+    if let Ok(path) = std::env::var("FLASHSAMPLE_BENCH_OUT") {
+        std::fs::write(&path, table).map_err(|e| flashsample::Error::InvalidParam {
+            name: "FLASHSAMPLE_BENCH_OUT",
+            value: format!("{path}: {e}"),
+        })?;
+    }
+    Ok(())
+}

@@ -252,6 +252,49 @@ fn sampling_is_independent_of_batch_and_position() {
     }
 }
 
+/// Draws `batch * steps` tokens: `call` samples a batch of identical rows
+/// with the given per-row parameters (distinct offsets for every draw) and
+/// returns the tokens; checks the counts against `probs` by chi-square at
+/// 99 %.
+#[allow(clippy::too_many_arguments)]
+fn assert_draws_follow(
+    what: &str,
+    stream: &Arc<CudaStream>,
+    batch: usize,
+    steps: u64,
+    temperature: f32,
+    seed: u64,
+    probs: &[f64],
+    mut call: impl FnMut(&RowParams) -> Vec<u32>,
+) {
+    let mut counts = vec![0u64; probs.len()];
+    for step in 0..steps {
+        let offsets: Vec<u64> = (0..batch as u64).map(|r| step * batch as u64 + r).collect();
+        let params = RowParams::upload(
+            stream,
+            &vec![temperature; batch],
+            &vec![seed; batch],
+            &offsets,
+        )
+        .unwrap();
+        for t in call(&params) {
+            counts[t as usize] += 1;
+        }
+    }
+    let p = reference::stats::chi_square(&counts, probs)
+        .unwrap()
+        .p_value;
+    println!(
+        "{what}: chi-square over {} draws, V = {}: p = {p:.4}",
+        batch as u64 * steps,
+        probs.len()
+    );
+    assert!(
+        p > 0.01,
+        "{what}: draws do not follow the exact distribution: p = {p}"
+    );
+}
+
 /// 10^6 draws from a 16-token vocabulary against the exact softmax
 /// distribution, at 99 %.
 #[test]
@@ -269,35 +312,28 @@ fn sampling_chi_square_small_vocab() {
     let d_logits = stream.clone_htod(&logits).unwrap();
     let mut ws = Workspace::new(&stream).unwrap();
     let mut out = SampleOutput::new(&stream, batch).unwrap();
-    let seed: u64 = rng.random();
-    let mut counts = vec![0u64; vocab];
-    for step in 0..100u64 {
-        let offsets: Vec<u64> = (0..batch as u64).map(|r| step * batch as u64 + r).collect();
-        let params = RowParams::upload(
-            &stream,
-            &vec![temperature; batch],
-            &vec![seed; batch],
-            &offsets,
-        )
-        .unwrap();
-        dev.sampling_from_logits(
-            &stream,
-            &d_logits.as_view(),
-            Rows::contiguous(batch, vocab),
-            &params,
-            &mut out,
-            &mut ws,
-        )
-        .unwrap();
-        for t in stream.clone_dtoh(&out.tokens).unwrap() {
-            counts[t as usize] += 1;
-        }
-    }
-    let p = reference::stats::chi_square(&counts, &probs)
-        .unwrap()
-        .p_value;
-    println!("chi-square over 10^6 draws, V = {vocab}: p = {p:.4}");
-    assert!(p > 0.01, "draws do not follow softmax(x / T): p = {p}");
+    let rows = Rows::contiguous(batch, vocab);
+    assert_draws_follow(
+        "sampling_from_logits",
+        &stream,
+        batch,
+        100,
+        temperature,
+        rng.random(),
+        &probs,
+        |params| {
+            dev.sampling_from_logits(
+                &stream,
+                &d_logits.as_view(),
+                rows,
+                params,
+                &mut out,
+                &mut ws,
+            )
+            .unwrap();
+            stream.clone_dtoh(&out.tokens).unwrap()
+        },
+    );
 }
 
 #[test]
@@ -800,33 +836,30 @@ fn fused_chi_square_small_head() {
     let h = stream.clone_htod(&to_bf16(&hidden)).unwrap();
     let w = stream.clone_htod(&to_bf16(&one.weight)).unwrap();
     let mut out = flashsample::FusedOutput::new(&stream, batch).unwrap();
-    let seed: u64 = rng.random();
-    let mut counts = vec![0u64; vocab];
-    for step in 0..1000u64 {
-        let offsets: Vec<u64> = (0..batch as u64).map(|r| step * batch as u64 + r).collect();
-        let params =
-            RowParams::upload(&stream, &vec![t; batch], &vec![seed; batch], &offsets).unwrap();
-        let shape = flashsample::HeadShape::new(batch, vocab, dim);
-        dev.fused_sample(
-            &stream,
-            &h.as_view(),
-            &w.as_view(),
-            None,
-            shape,
-            &params,
-            &mut out,
-            &mut ws,
-        )
-        .unwrap();
-        for tok in stream.clone_dtoh(&out.tokens).unwrap() {
-            counts[tok as usize] += 1;
-        }
-    }
-    let p = reference::stats::chi_square(&counts, &probs)
-        .unwrap()
-        .p_value;
-    println!("fused chi-square over 10^6 draws, V = {vocab}: p = {p:.4}");
-    assert!(p > 0.01, "fused draws do not follow the softmax: p = {p}");
+    let shape = flashsample::HeadShape::new(batch, vocab, dim);
+    assert_draws_follow(
+        "fused_sample",
+        &stream,
+        batch,
+        1000,
+        t,
+        rng.random(),
+        &probs,
+        |params| {
+            dev.fused_sample(
+                &stream,
+                &h.as_view(),
+                &w.as_view(),
+                None,
+                shape,
+                params,
+                &mut out,
+                &mut ws,
+            )
+            .unwrap();
+            stream.clone_dtoh(&out.tokens).unwrap()
+        },
+    );
 }
 
 /// Small fused cases over every variant (batch tiles 16/32/64 and several

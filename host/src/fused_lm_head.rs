@@ -279,7 +279,7 @@ impl Device {
         let cfg = LaunchConfig {
             grid_dim: (shape.batch as u32, 1, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 8 * 5 * 8,
+            shared_mem_bytes: 8 * FUSED_PARTIAL_WORDS * 8,
         };
         // SAFETY: matches `fused_sample_finish`; the partials were written
         // by the launch above on the same stream; outputs hold batch rows.

@@ -46,6 +46,89 @@ const LN2: f32 = core::f32::consts::LN_2;
 const SLOTS: u32 = 4;
 const SLOT_TOKENS: u32 = FUSED_BLOCK_V / SLOTS;
 
+/// A (row, tile) partial: the best key, the scaled logit of its token, and
+/// the base-2 log-sum-exp of the tile; stored as [`FUSED_PARTIAL_WORDS`]
+/// words `key, (max << 32 | sum), xs`.
+#[derive(Clone, Copy)]
+struct Partial {
+    key: u64,
+    xs: f32,
+    lse: Lse2,
+}
+
+impl Partial {
+    const EMPTY: Partial = Partial {
+        key: 0,
+        xs: f32::NAN,
+        lse: Lse2::EMPTY,
+    };
+
+    /// Symmetric: both butterfly partners compute the same bits.
+    #[inline(always)]
+    fn merge(self, o: Partial) -> Partial {
+        let (key, xs) = if o.key > self.key {
+            (o.key, o.xs)
+        } else {
+            (self.key, self.xs)
+        };
+        Partial {
+            key,
+            xs,
+            lse: self.lse.merge(o.lse),
+        }
+    }
+
+    /// Merges over lanes `lane ^ m` for `m = first, first / 2, ..., 1` (a
+    /// fixed tree); every lane of the warp must call it.
+    #[inline(always)]
+    fn butterfly(mut self, first: u32) -> Partial {
+        let mut m = first;
+        while m > 0 {
+            let o = Partial {
+                key: (u64::from(arch::shfl_bfly_u32((self.key >> 32) as u32, m)) << 32)
+                    | u64::from(arch::shfl_bfly_u32(self.key as u32, m)),
+                xs: f32::from_bits(arch::shfl_bfly_u32(self.xs.to_bits(), m)),
+                lse: Lse2 {
+                    max: f32::from_bits(arch::shfl_bfly_u32(self.lse.max.to_bits(), m)),
+                    sum: f32::from_bits(arch::shfl_bfly_u32(self.lse.sum.to_bits(), m)),
+                },
+            };
+            self = self.merge(o);
+            m >>= 1;
+        }
+        self
+    }
+
+    /// # Safety
+    /// `p` holds [`FUSED_PARTIAL_WORDS`] writable words.
+    #[inline(always)]
+    unsafe fn store(self, p: *mut u64) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            *p = self.key;
+            *p.add(1) =
+                (u64::from(self.lse.max.to_bits()) << 32) | u64::from(self.lse.sum.to_bits());
+            *p.add(2) = u64::from(self.xs.to_bits());
+        }
+    }
+
+    /// # Safety
+    /// `p` holds [`FUSED_PARTIAL_WORDS`] readable words written by `store`.
+    #[inline(always)]
+    unsafe fn load(p: *const u64) -> Partial {
+        // SAFETY: the caller's contract.
+        let (key, l, xs) = unsafe { (*p, *p.add(1), *p.add(2)) };
+        Partial {
+            key,
+            xs: f32::from_bits(xs as u32),
+            lse: Lse2 {
+                max: f32::from_bits((l >> 32) as u32),
+                sum: f32::from_bits(l as u32),
+            },
+        }
+    }
+}
+
 /// A 16-byte aligned unit of shared memory.
 #[repr(C, align(16))]
 struct Align16([u8; 16]);
@@ -287,33 +370,17 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                     i += 4;
                 }
                 // Fold the row's four slots (consecutive lanes) by a fixed
-                // butterfly; keep the scaled logit of the best key.
-                let mut key = race.best;
-                let mut xs = race.best_xs;
-                let mut m = 2;
-                while m > 0 {
-                    let klo = arch::shfl_bfly_u32(key as u32, m);
-                    let khi = arch::shfl_bfly_u32((key >> 32) as u32, m);
-                    let oxs = f32::from_bits(arch::shfl_bfly_u32(xs.to_bits(), m));
-                    let omax = f32::from_bits(arch::shfl_bfly_u32(lse.max.to_bits(), m));
-                    let osum = f32::from_bits(arch::shfl_bfly_u32(lse.sum.to_bits(), m));
-                    let okey = (u64::from(khi) << 32) | u64::from(klo);
-                    if okey > key {
-                        key = okey;
-                        xs = oxs;
-                    }
-                    lse = lse.merge(Lse2 {
-                        max: omax,
-                        sum: osum,
-                    });
-                    m >>= 1;
+                // butterfly.
+                let part = Partial {
+                    key: race.best,
+                    xs: race.best_xs,
+                    lse,
                 }
+                .butterfly(SLOTS / 2);
                 if has_row && slot == 0 {
-                    let out = partial.add(((row * p.tiles + tile) * FUSED_PARTIAL_WORDS) as usize);
-                    *out = key;
-                    *out.add(1) =
-                        (u64::from(lse.max.to_bits()) << 32) | u64::from(lse.sum.to_bits());
-                    *out.add(2) = u64::from(xs.to_bits());
+                    part.store(
+                        partial.add(((row * p.tiles + tile) * FUSED_PARTIAL_WORDS) as usize),
+                    );
                 }
                 race.reset_best();
             }
@@ -372,7 +439,7 @@ fused_entry!(fused_sample_f16_b64, F16, 64);
 /// drawn among +inf logits gets log-normaliser +inf and log-probability NaN.
 ///
 /// # Launch
-/// Grid `(batch)`, block 256, dynamic shared memory 8 x 5 x 8 bytes.
+/// Grid `(batch)`, block 256, dynamic shared memory 8 x 3 x 8 bytes.
 ///
 /// # Safety
 /// `partial` holds the `batch * tiles * FUSED_PARTIAL_WORDS` words the main
@@ -393,68 +460,26 @@ pub unsafe extern "ptx-kernel" fn fused_sample_finish(
     // SAFETY: the launch contract covers every access.
     unsafe {
         let base = partial.add((row * p.tiles * FUSED_PARTIAL_WORDS) as usize);
-        let mut key = 0u64;
-        let mut xs = f32::NAN;
-        let mut lse = Lse2::EMPTY;
+        let mut part = Partial::EMPTY;
         let mut t = tid;
         while t < p.tiles {
-            let w = base.add((t * FUSED_PARTIAL_WORDS) as usize);
-            let k = *w;
-            if k > key {
-                key = k;
-                xs = f32::from_bits(*w.add(2) as u32);
-            }
-            let l = *w.add(1);
-            lse = lse.merge(Lse2 {
-                max: f32::from_bits((l >> 32) as u32),
-                sum: f32::from_bits(l as u32),
-            });
+            part = part.merge(Partial::load(base.add((t * FUSED_PARTIAL_WORDS) as usize)));
             t += 256;
         }
-        let mut m = 16;
-        while m > 0 {
-            let klo = arch::shfl_bfly_u32(key as u32, m);
-            let khi = arch::shfl_bfly_u32((key >> 32) as u32, m);
-            let oxs = f32::from_bits(arch::shfl_bfly_u32(xs.to_bits(), m));
-            let omax = f32::from_bits(arch::shfl_bfly_u32(lse.max.to_bits(), m));
-            let osum = f32::from_bits(arch::shfl_bfly_u32(lse.sum.to_bits(), m));
-            let okey = (u64::from(khi) << 32) | u64::from(klo);
-            if okey > key {
-                key = okey;
-                xs = oxs;
-            }
-            lse = lse.merge(Lse2 {
-                max: omax,
-                sum: osum,
-            });
-            m >>= 1;
-        }
-        let warp = (tid / 32) as usize;
+        let part = part.butterfly(16);
+        let warp = tid / 32;
         if tid % 32 == 0 {
-            let w = smem.add(5 * warp);
-            *w = key;
-            *w.add(1) = u64::from(xs.to_bits());
-            *w.add(2) = (u64::from(lse.max.to_bits()) << 32) | u64::from(lse.sum.to_bits());
+            part.store(smem.add((FUSED_PARTIAL_WORDS * warp) as usize));
         }
         arch::bar_sync();
         if tid == 0 {
-            let mut key = 0u64;
-            let mut xs = f32::NAN;
-            let mut lse = Lse2::EMPTY;
+            let mut part = Partial::EMPTY;
             let mut w = 0;
             while w < 8 {
-                let s = smem.add(5 * w);
-                if *s > key {
-                    key = *s;
-                    xs = f32::from_bits(*s.add(1) as u32);
-                }
-                let l = *s.add(2);
-                lse = lse.merge(Lse2 {
-                    max: f32::from_bits((l >> 32) as u32),
-                    sum: f32::from_bits(l as u32),
-                });
+                part = part.merge(Partial::load(smem.add((FUSED_PARTIAL_WORDS * w) as usize)));
                 w += 1;
             }
+            let Partial { key, xs, lse } = part;
             let r = row as usize;
             let ok = sample::is_valid(key);
             *tokens.add(r) = if ok { sample::token(key) } else { 0 };

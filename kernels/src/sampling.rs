@@ -234,71 +234,45 @@ unsafe fn finish_row(
     }
 }
 
-/// `sampling_from_logits` over f32 logits (see the module docs).
-///
-/// # Safety
-/// See the module docs.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn sampling_from_logits_f32(
-    logits: *const f32,
-    temperature: *const f32,
-    seed: *const u64,
-    offset: *const u64,
-    tokens: *mut u32,
-    valid: *mut u8,
-    partial: *mut u64,
-    counters: *mut u32,
-    split: RowSplit,
-) {
-    // SAFETY: forwarded launch contract.
-    unsafe {
-        sampling_from_logits::<F32>(
-            logits as *const u8,
-            temperature,
-            seed,
-            offset,
-            tokens,
-            valid,
-            partial,
-            counters,
-            split,
-        )
-    }
+macro_rules! sampling_entry {
+    ($name:ident, $elem:ty, $t:ty, $what:literal) => {
+        #[doc = concat!("`sampling_from_logits` over ", $what, " logits (see the module docs).")]
+        ///
+        /// # Safety
+        /// See the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            logits: *const $t,
+            temperature: *const f32,
+            seed: *const u64,
+            offset: *const u64,
+            tokens: *mut u32,
+            valid: *mut u8,
+            partial: *mut u64,
+            counters: *mut u32,
+            split: RowSplit,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe {
+                sampling_from_logits::<$elem>(
+                    logits as *const u8,
+                    temperature,
+                    seed,
+                    offset,
+                    tokens,
+                    valid,
+                    partial,
+                    counters,
+                    split,
+                )
+            }
+        }
+    };
 }
 
-/// `sampling_from_logits` over bf16 logits (see the module docs).
-///
-/// # Safety
-/// See the module docs.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn sampling_from_logits_bf16(
-    logits: *const u16,
-    temperature: *const f32,
-    seed: *const u64,
-    offset: *const u64,
-    tokens: *mut u32,
-    valid: *mut u8,
-    partial: *mut u64,
-    counters: *mut u32,
-    split: RowSplit,
-) {
-    // SAFETY: forwarded launch contract.
-    unsafe {
-        sampling_from_logits::<Bf16>(
-            logits as *const u8,
-            temperature,
-            seed,
-            offset,
-            tokens,
-            valid,
-            partial,
-            counters,
-            split,
-        )
-    }
-}
+sampling_entry!(sampling_from_logits_f32, F32, f32, "f32");
+sampling_entry!(sampling_from_logits_bf16, Bf16, u16, "bf16");
 
 /// Test kernel: the largest `|gumbel_approx(w) - gumbel_from_bits(w)|` over
 /// the words `w = first + i` for `i < count`, as f32 bits, max-ed into

