@@ -24,6 +24,8 @@ pub(crate) struct Kernels {
     /// `fused_sample_f16_b{16,32,64}`.
     pub fused_f16: [CudaFunction; 3],
     pub fused_finish: CudaFunction,
+    pub topk_topp_mask_f32: CudaFunction,
+    pub topk_topp_sample_f32: CudaFunction,
 }
 
 #[derive(Debug)]
@@ -118,6 +120,8 @@ impl Device {
                 f("fused_sample_f16_b64")?,
             ],
             fused_finish: f("fused_sample_finish")?,
+            topk_topp_mask_f32: f("topk_topp_mask_f32")?,
+            topk_topp_sample_f32: f("topk_topp_sample_f32")?,
         };
         crate::fused_lm_head::configure(&kernels.fused_bf16, &kernels.fused_f16)?;
         let sm_count = ctx

@@ -16,6 +16,7 @@ mod error;
 mod fused_lm_head;
 mod rows;
 mod sampling;
+mod topk_topp;
 mod unfused;
 
 pub mod reference;
@@ -31,6 +32,7 @@ pub use error::{Error, Result};
 pub use fused_lm_head::{FusedOutput, HeadElem, HeadShape};
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
+pub use topk_topp::TruncParams;
 pub use unfused::Unfused;
 
 /// The shared device/CPU math (Philox, noise, keys), re-exported.

@@ -41,6 +41,8 @@ mod race;
 mod sampling;
 #[cfg(target_arch = "nvptx64")]
 mod softmax;
+#[cfg(target_arch = "nvptx64")]
+mod topk_topp;
 
 /// Entry points every PTX module must define (checked by `xtask build-ptx`
 /// and loaded by the host).
@@ -58,6 +60,8 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_f16_b32",
     "fused_sample_f16_b64",
     "fused_sample_finish",
+    "topk_topp_mask_f32",
+    "topk_topp_sample_f32",
 ];
 
 #[cfg(target_arch = "nvptx64")]

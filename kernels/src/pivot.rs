@@ -868,41 +868,55 @@ impl<M: Measure> QuadSearch<M> {
         self.rounds += 1;
         let old_span = self.hi - self.lo;
         let mut lowest = u32::MAX;
-        for b in (0..4).rev() {
-            if acc.count[b] == 0 {
-                continue;
-            }
-            lowest = acc.min_key[b];
-            let cum = self.above.plus(acc.measure[b]);
-            if cum < self.target {
-                self.above = cum;
-                continue;
-            }
-            // Intersected with the interval: a malformed accumulator can
-            // never widen it.
-            let lo = acc.min_key[b].max(self.lo);
-            let hi = acc.max_key[b].min(self.hi);
-            if cum == self.target {
-                self.found = Some(Found::AtLeast(lo));
-            } else if lo >= hi || hi - lo >= old_span || self.rounds >= MAX_ROUNDS {
-                // (The last two only for malformed accumulators: a round
-                // of well-formed ones always shrinks the interval, at least
-                // fourfold every second round.)
-                self.found = Some(Found::Boundary {
-                    key: lo,
-                    above: self.above,
-                    count: acc.count[b],
-                });
-            } else {
-                self.lo = lo;
-                self.hi = hi;
-                // Value pivots again only if they at least halved the span.
-                self.by_values = self.float_keys && (hi - lo) <= old_span / 2;
-            }
+        // Sub-intervals from the top, written out rather than looped: a loop
+        // indexed the accumulator's arrays at run time, which put them in
+        // local memory on the GPU.
+        if self.settle(acc, 3, old_span, &mut lowest)
+            || self.settle(acc, 2, old_span, &mut lowest)
+            || self.settle(acc, 1, old_span, &mut lowest)
+            || self.settle(acc, 0, old_span, &mut lowest)
+        {
             return;
         }
         // The target was never reached (rounding, or an empty round).
         self.found = Some(Found::AtLeast(lowest));
+    }
+
+    /// One sub-interval `b` of [`QuadSearch::advance`], taken from the top:
+    /// returns whether the round is decided (the target crossed inside it).
+    #[inline(always)]
+    fn settle(&mut self, acc: &QuadAcc<M>, b: usize, old_span: u32, lowest: &mut u32) -> bool {
+        if acc.count[b] == 0 {
+            return false;
+        }
+        *lowest = acc.min_key[b];
+        let cum = self.above.plus(acc.measure[b]);
+        if cum < self.target {
+            self.above = cum;
+            return false;
+        }
+        // Intersected with the interval: a malformed accumulator can never
+        // widen it.
+        let lo = acc.min_key[b].max(self.lo);
+        let hi = acc.max_key[b].min(self.hi);
+        if cum == self.target {
+            self.found = Some(Found::AtLeast(lo));
+        } else if lo >= hi || hi - lo >= old_span || self.rounds >= MAX_ROUNDS {
+            // (The last two only for malformed accumulators: a round of
+            // well-formed ones always shrinks the interval, at least fourfold
+            // every second round.)
+            self.found = Some(Found::Boundary {
+                key: lo,
+                above: self.above,
+                count: acc.count[b],
+            });
+        } else {
+            self.lo = lo;
+            self.hi = hi;
+            // Value pivots again only if they at least halved the span.
+            self.by_values = self.float_keys && (hi - lo) <= old_span / 2;
+        }
+        true
     }
 
     /// The result, once the search is over.

@@ -1,0 +1,634 @@
+//! GPU tests of the Qrita top-k / top-p / min-p kernels (`topk_topp_*`)
+//! against the float64 sorted reference.
+//!
+//! Without a GPU each test prints a visible `SKIPPED` line and passes; with
+//! `FLASHSAMPLE_REQUIRE_GPU=1` (the GPU bundle) a missing GPU fails them.
+//! Tests whose names start with `sanitize_` are small and cover every
+//! path; the bundle also runs them under compute-sanitizer.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{DISTS, Dist, Mismatches};
+use cudarc::driver::CudaStream;
+use flashsample::reference::{self, SamplingParams};
+use flashsample::{Device, Rows, SampleOutput, TruncParams, Workspace};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const TOP_P: [f32; 5] = [1e-6, 0.5, 0.9, 0.99, 1.0];
+const MIN_P: [f32; 2] = [0.0, 0.05];
+
+/// A batch of rows with per-row truncation parameters.
+struct Batch {
+    rows: Rows,
+    logits: Vec<f32>,
+    params: Vec<SamplingParams>,
+    what: Vec<&'static str>,
+}
+
+/// A row whose k-th value repeats across the top-k boundary: `m < k`
+/// distinct large values, then `k - m + extra` copies of one value, the
+/// rest below it.
+fn push_tie_row(rng: &mut StdRng, vocab: usize, k: usize, out: &mut Vec<f32>) {
+    let start = out.len();
+    out.extend((0..vocab).map(|_| -1.0 - rng.random_range(0.0f32..4.0)));
+    let k = k.clamp(1, vocab);
+    let m = rng.random_range(0..k);
+    let ties = (k - m + rng.random_range(1..6)).min(vocab - m);
+    let mut idx: Vec<usize> = (0..vocab).collect();
+    for i in 0..(m + ties) {
+        let j = rng.random_range(i..vocab);
+        idx.swap(i, j);
+    }
+    for (n, &j) in idx[..m].iter().enumerate() {
+        out[start + j] = 10.0 + n as f32 * 0.125;
+    }
+    for &j in &idx[m..m + ties] {
+        out[start + j] = 5.0;
+    }
+}
+
+impl Batch {
+    fn random(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
+        let v = vocab as u32;
+        let ks = [1u32, 2, 50, 1000, v - 1, v, 0];
+        let mut logits = Vec::with_capacity(batch * vocab);
+        let mut params = Vec::with_capacity(batch);
+        let mut what = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let top_k = ks[rng.random_range(0..ks.len())];
+            if rng.random_bool(0.12) {
+                push_tie_row(rng, vocab, top_k.max(1) as usize, &mut logits);
+                what.push("ties at k");
+            } else {
+                let dist = if rng.random_bool(0.7) {
+                    DISTS[rng.random_range(0..4)]
+                } else {
+                    DISTS[rng.random_range(0..DISTS.len())]
+                };
+                common::push_row(rng, dist, vocab, &mut logits);
+                what.push(dist_name(dist));
+            }
+            let temperature = match rng.random_range(0..12) {
+                0 => 0.0,
+                1 => 0.5,
+                2 => 2.0,
+                _ => 1.0,
+            };
+            params.push(SamplingParams {
+                temperature,
+                top_k,
+                top_p: TOP_P[rng.random_range(0..TOP_P.len())],
+                min_p: MIN_P[rng.random_range(0..MIN_P.len())],
+                seed: rng.random(),
+                offset: rng.random_range(0..1 << 40),
+            });
+        }
+        Batch {
+            rows: Rows::contiguous(batch, vocab),
+            logits,
+            params,
+            what,
+        }
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.logits[r * self.rows.vocab..(r + 1) * self.rows.vocab]
+    }
+
+    fn upload(&self, stream: &Arc<CudaStream>) -> TruncParams {
+        let p = &self.params;
+        TruncParams::upload(
+            stream,
+            &p.iter().map(|p| p.top_k).collect::<Vec<_>>(),
+            &p.iter().map(|p| p.top_p).collect::<Vec<_>>(),
+            &p.iter().map(|p| p.min_p).collect::<Vec<_>>(),
+            &p.iter().map(|p| p.temperature).collect::<Vec<_>>(),
+            &p.iter().map(|p| p.seed).collect::<Vec<_>>(),
+            &p.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        )
+        .unwrap()
+    }
+}
+
+fn dist_name(d: Dist) -> &'static str {
+    match d {
+        Dist::Gaussian => "gaussian",
+        Dist::HeavyTail => "heavy tail",
+        Dist::Bf16Quantised => "bf16",
+        Dist::FewValues => "few values",
+        Dist::Special => "special",
+        Dist::Invalid => "invalid",
+        Dist::PosInf => "+inf",
+    }
+}
+
+/// Masks a copy of the batch on the GPU: (masked logits, kept counts).
+/// The kept counts are poisoned first.
+fn mask_on_gpu(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    params: &TruncParams,
+    ws: &mut Workspace,
+) -> (Vec<f32>, Vec<u32>) {
+    let mut d = stream.clone_htod(&b.logits).unwrap();
+    let mut kept = stream.clone_htod(&vec![u32::MAX; b.rows.batch]).unwrap();
+    dev.top_k_top_p_mask_logits(stream, &mut d.as_view_mut(), b.rows, params, &mut kept, ws)
+        .unwrap();
+    (
+        stream.clone_dtoh(&d).unwrap(),
+        stream.clone_dtoh(&kept).unwrap(),
+    )
+}
+
+/// Samples the batch on the GPU: a token per row, `None` where flagged
+/// invalid. Outputs are poisoned first.
+fn sample_on_gpu(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    params: &TruncParams,
+    ws: &mut Workspace,
+) -> Vec<Option<u32>> {
+    let d = stream.clone_htod(&b.logits).unwrap();
+    let mut out = SampleOutput::new(stream, b.rows.batch).unwrap();
+    stream
+        .memcpy_htod(&vec![u32::MAX; b.rows.batch], &mut out.tokens)
+        .unwrap();
+    stream
+        .memcpy_htod(&vec![7u8; b.rows.batch], &mut out.valid)
+        .unwrap();
+    dev.sample_top_k_top_p(stream, &d.as_view(), b.rows, params, &mut out, ws)
+        .unwrap();
+    let tokens = stream.clone_dtoh(&out.tokens).unwrap();
+    let valid = stream.clone_dtoh(&out.valid).unwrap();
+    tokens
+        .iter()
+        .zip(&valid)
+        .map(|(&t, &v)| {
+            assert!(v <= 1, "valid flag not written: {v}");
+            assert!(t < b.rows.vocab as u32, "token {t} outside the vocabulary");
+            (v == 1).then_some(t)
+        })
+        .collect()
+}
+
+/// Runs `check(r)` over every row on all CPU cores; returns (row, result).
+fn par_rows(
+    batch: usize,
+    check: impl Fn(usize) -> Result<(), String> + Sync,
+) -> Vec<(usize, Result<(), String>)> {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per = batch.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let check = &check;
+                s.spawn(move || {
+                    (t * per..((t + 1) * per).min(batch))
+                        .map(|r| (r, check(r)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// One masked row against the reference: kept entries keep their bits,
+/// every other entry is -inf, the kept set (its entries that are not -inf
+/// in the input) equals the reference's, exactly or, when top-p is within
+/// its 1e-6 band, as `kept_sets_agree` allows; the kept count matches.
+fn check_masked_row(
+    row: &[f32],
+    p: &SamplingParams,
+    masked: &[f32],
+    kept: u32,
+) -> Result<(), String> {
+    let neg_inf = f32::NEG_INFINITY.to_bits();
+    let mut gpu = Vec::new();
+    for (j, (&x, &m)) in row.iter().zip(masked).enumerate() {
+        if m.to_bits() != neg_inf {
+            if m.to_bits() != x.to_bits() {
+                return Err(format!(
+                    "index {j}: kept {x:e} ({:#010x}) came back as {m:e} ({:#010x})",
+                    x.to_bits(),
+                    m.to_bits()
+                ));
+            }
+            gpu.push(j as u32);
+        }
+    }
+    let near = reference::top_p_near_boundary(row, p).map_err(|e| e.to_string())?;
+    if near {
+        // top-p < 1 is active: its kept set has positive weights only.
+        reference::kept_sets_agree(row, p, &gpu)?;
+        if kept as usize != gpu.len() {
+            return Err(format!("kept count {kept}, {} entries kept", gpu.len()));
+        }
+        return Ok(());
+    }
+    let want = reference::kept_set(row, p).map_err(|e| e.to_string())?;
+    if kept as usize != want.len() {
+        return Err(format!("kept count {kept}, reference {}", want.len()));
+    }
+    let mut want: Vec<u32> = want
+        .into_iter()
+        .filter(|&j| row[j as usize].to_bits() != neg_inf)
+        .collect();
+    want.sort_unstable();
+    if want != gpu {
+        // Reuse the reference's detailed report.
+        reference::kept_sets_agree(row, p, &gpu)?;
+        return Err(format!(
+            "kept sets differ ({} reference entries that are not -inf, {} GPU)",
+            want.len(),
+            gpu.len()
+        ));
+    }
+    Ok(())
+}
+
+/// One sampled token against the reference: valid iff the row is; the token
+/// in the kept set; equal to `reference::sample_top_k_top_p`'s unless the
+/// cumulative kept mass at the GPU token's interval lies within rounding
+/// of `u`, or top-p is in its 1e-6 band (then in the slightly larger set).
+fn check_sampled_row(row: &[f32], p: &SamplingParams, got: Option<u32>) -> Result<(), String> {
+    let want = reference::sample_top_k_top_p(row, p).map_err(|e| e.to_string())?;
+    let (Some(g), Some(w)) = (got, want) else {
+        return if got.is_none() && want.is_none() {
+            Ok(())
+        } else {
+            Err(format!("GPU {got:?}, reference {want:?}"))
+        };
+    };
+    if g == w {
+        return Ok(());
+    }
+    let near = reference::top_p_near_boundary(row, p).map_err(|e| e.to_string())?;
+    let kept = if near {
+        let wider = SamplingParams {
+            top_p: (p.top_p * (1.0 + 1e-5)).min(1.0),
+            ..*p
+        };
+        reference::kept_set(row, &wider).map_err(|e| e.to_string())?
+    } else {
+        reference::kept_set(row, p).map_err(|e| e.to_string())?
+    };
+    let Some(pos) = kept.iter().position(|&j| j == g) else {
+        return Err(format!("token {g} outside the kept set (reference {w})"));
+    };
+    if near {
+        return Ok(());
+    }
+    // Cumulative mass of the kept set in the total order, as the reference.
+    let max = row[kept[0] as usize];
+    let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
+    let weight = |x: f32| -> f64 {
+        if greedy {
+            1.0
+        } else if max == f32::INFINITY {
+            f64::from(u8::from(x == f32::INFINITY))
+        } else if x > f32::NEG_INFINITY {
+            ((f64::from(x) - f64::from(max)) / f64::from(p.temperature)).exp()
+        } else {
+            0.0
+        }
+    };
+    let ws: Vec<f64> = kept.iter().map(|&j| weight(row[j as usize])).collect();
+    let mass: f64 = ws.iter().sum();
+    let before: f64 = ws[..pos].iter().sum::<f64>() / mass;
+    let after = before + ws[pos] / mass;
+    let u = f64::from(flashsample::kernels::noise::uniform_open(
+        flashsample::kernels::philox::row_uniform_bits(
+            flashsample::kernels::philox::seed_key(p.seed),
+            p.offset,
+            0,
+        ),
+    ));
+    let eps = 1e-6;
+    if before <= u + eps && after >= u - eps {
+        Ok(())
+    } else {
+        Err(format!(
+            "token {g} (cumulative {before:.9}..{after:.9}), reference {w}, u = {u:.9}"
+        ))
+    }
+}
+
+fn report_rows(b: &Batch, results: Vec<(usize, Result<(), String>)>, report: &mut Mismatches) {
+    for (r, res) in results {
+        report.check(res.is_ok(), || {
+            format!(
+                "V={} row {r} ({}) {:?}: {}",
+                b.rows.vocab,
+                b.what[r],
+                b.params[r],
+                res.unwrap_err()
+            )
+        });
+    }
+}
+
+/// Masks `b` twice, checks the runs are bit-identical and every row against
+/// the reference.
+fn check_mask_batch(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    ws: &mut Workspace,
+    report: &mut Mismatches,
+) {
+    let params = b.upload(stream);
+    let (masked, kept) = mask_on_gpu(dev, stream, b, &params, ws);
+    let (masked2, kept2) = mask_on_gpu(dev, stream, b, &params, ws);
+    report.check(kept == kept2, || {
+        format!("V={}: kept counts differ between runs", b.rows.vocab)
+    });
+    let same = masked
+        .iter()
+        .zip(&masked2)
+        .all(|(a, c)| a.to_bits() == c.to_bits());
+    report.check(same, || {
+        format!("V={}: masked logits differ between runs", b.rows.vocab)
+    });
+    let v = b.rows.vocab;
+    let results = par_rows(b.rows.batch, |r| {
+        check_masked_row(b.row(r), &b.params[r], &masked[r * v..(r + 1) * v], kept[r])
+    });
+    report_rows(b, results, report);
+}
+
+/// Samples `b` twice, checks the runs agree and every row against the
+/// reference.
+fn check_sample_batch(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    ws: &mut Workspace,
+    report: &mut Mismatches,
+) {
+    let params = b.upload(stream);
+    let got = sample_on_gpu(dev, stream, b, &params, ws);
+    let got2 = sample_on_gpu(dev, stream, b, &params, ws);
+    report.check(got == got2, || {
+        format!("V={}: tokens differ between runs", b.rows.vocab)
+    });
+    let results = par_rows(b.rows.batch, |r| {
+        check_sampled_row(b.row(r), &b.params[r], got[r])
+    });
+    report_rows(b, results, report);
+}
+
+#[test]
+fn topk_mask_matches_float64_reference() {
+    let Some((dev, stream)) = common::gpu("topk_mask_matches_float64_reference") else {
+        return;
+    };
+    let mut rng = common::rng("topk_mask_matches_float64_reference");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let mut rows = 0;
+    // 10,300 rows in all.
+    for (vocab, batch, repeats) in [
+        (111, 1000, 4),
+        (4099, 1000, 4),
+        (32_000, 500, 4),
+        (151_936, 100, 3),
+    ] {
+        for _ in 0..repeats {
+            let b = Batch::random(&mut rng, batch, vocab);
+            check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+            rows += batch;
+        }
+    }
+    assert!(rows >= 10_000);
+    report.assert_none(&format!("top-k/top-p mask, {rows} rows"));
+}
+
+#[test]
+fn topk_sample_matches_float64_reference() {
+    let Some((dev, stream)) = common::gpu("topk_sample_matches_float64_reference") else {
+        return;
+    };
+    let mut rng = common::rng("topk_sample_matches_float64_reference");
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    for (vocab, batch) in [(111, 2000), (4099, 2000), (32_000, 500), (151_936, 100)] {
+        let b = Batch::random(&mut rng, batch, vocab);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    report.assert_none("top-k/top-p sampling");
+}
+
+#[test]
+fn sanitize_topk_paths() {
+    let Some((dev, stream)) = common::gpu("sanitize_topk_paths") else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    for (vocab, batch) in [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)] {
+        let b = Batch::random(&mut rng, batch, vocab);
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    // A strided view: rows 5000 apart, 4099 used.
+    let b = Batch::random(&mut rng, 3, 4099);
+    let stride = 5000;
+    let mut logits = vec![f32::NAN; 2 * stride + 4099];
+    for r in 0..3 {
+        logits[r * stride..r * stride + 4099].copy_from_slice(b.row(r));
+    }
+    let params = b.upload(&stream);
+    let mut d = stream.clone_htod(&logits).unwrap();
+    let mut kept = stream.alloc_zeros::<u32>(3).unwrap();
+    let rows = Rows {
+        batch: 3,
+        vocab: 4099,
+        row_stride: stride,
+    };
+    dev.top_k_top_p_mask_logits(
+        &stream,
+        &mut d.as_view_mut(),
+        rows,
+        &params,
+        &mut kept,
+        &mut ws,
+    )
+    .unwrap();
+    let masked = stream.clone_dtoh(&d).unwrap();
+    let kept = stream.clone_dtoh(&kept).unwrap();
+    for r in 0..3 {
+        let m = &masked[r * stride..r * stride + 4099];
+        let res = check_masked_row(b.row(r), &b.params[r], m, kept[r]);
+        report.check(res.is_ok(), || format!("strided row {r}: {res:?}"));
+        if r < 2 {
+            let gap = &masked[r * stride + 4099..(r + 1) * stride];
+            report.check(gap.iter().all(|x| x.is_nan()), || {
+                format!("strided row {r}: the gap after the row was written")
+            });
+        }
+    }
+    report.assert_none("sanitize: top-k/top-p paths");
+}
+
+#[test]
+fn topk_bad_arguments_are_rejected() {
+    let Some((dev, stream)) = common::gpu("topk_bad_arguments_are_rejected") else {
+        return;
+    };
+    let up = |k: &[u32], p: &[f32], m: &[f32]| {
+        let n = k.len();
+        TruncParams::upload(&stream, k, p, m, &vec![1.0; n], &vec![0; n], &vec![0; n])
+    };
+    assert!(up(&[1], &[0.5], &[0.0]).is_ok());
+    for (p, m) in [
+        (0.0, 0.0),
+        (-0.5, 0.0),
+        (1.5, 0.0),
+        (f32::NAN, 0.0),
+        (0.5, -0.1),
+        (0.5, 1.1),
+        (0.5, f32::NAN),
+    ] {
+        assert!(up(&[1], &[p], &[m]).is_err(), "top_p {p} min_p {m}");
+    }
+    assert!(up(&[1, 2], &[0.5], &[0.0, 0.0]).is_err());
+    let params = up(&[5, 5], &[0.9, 0.9], &[0.0, 0.0]).unwrap();
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut d = stream.alloc_zeros::<f32>(20).unwrap();
+    let mut kept = stream.alloc_zeros::<u32>(2).unwrap();
+    let mut short = stream.alloc_zeros::<u32>(1).unwrap();
+    let ok = Rows::contiguous(2, 10);
+    assert!(
+        dev.top_k_top_p_mask_logits(
+            &stream,
+            &mut d.as_view_mut(),
+            ok,
+            &params,
+            &mut kept,
+            &mut ws
+        )
+        .is_ok()
+    );
+    for rows in [
+        Rows::contiguous(2, 11),
+        Rows::contiguous(3, 10),
+        Rows::contiguous(0, 10),
+        Rows::contiguous(2, 0),
+    ] {
+        assert!(
+            dev.top_k_top_p_mask_logits(
+                &stream,
+                &mut d.as_view_mut(),
+                rows,
+                &params,
+                &mut kept,
+                &mut ws
+            )
+            .is_err(),
+            "{rows:?}"
+        );
+    }
+    assert!(
+        dev.top_k_top_p_mask_logits(
+            &stream,
+            &mut d.as_view_mut(),
+            ok,
+            &params,
+            &mut short,
+            &mut ws
+        )
+        .is_err()
+    );
+    let mut out = SampleOutput::new(&stream, 1).unwrap();
+    assert!(
+        dev.sample_top_k_top_p(&stream, &d.as_view(), ok, &params, &mut out, &mut ws)
+            .is_err()
+    );
+    let mut out = SampleOutput::new(&stream, 2).unwrap();
+    assert!(
+        dev.sample_top_k_top_p(&stream, &d.as_view(), ok, &params, &mut out, &mut ws)
+            .is_ok()
+    );
+    stream.synchronize().unwrap();
+}
+
+/// The CPU driver `pivot::select_row` (the algorithm the kernels run, pass
+/// by pass) through the very checks the GPU results go through: runs
+/// without a GPU, so CI exercises the generators, the checks and their
+/// tolerances. Sampling is emulated as the kernel draws: f32 weights, the
+/// first kept element in the total order whose cumulative mass exceeds
+/// `u * mass`.
+#[test]
+fn cpu_driver_passes_the_gpu_checks() {
+    use flashsample::kernels::pivot::{self, Weights};
+    use flashsample::kernels::radix::f32_key;
+    let mut rng = common::rng("cpu_driver_passes_the_gpu_checks");
+    let mut report = Mismatches::default();
+    for (vocab, batch) in [(1, 20), (111, 600), (4099, 300), (32_000, 40)] {
+        let b = Batch::random(&mut rng, batch, vocab);
+        let results = par_rows(batch, |r| {
+            let row = b.row(r);
+            let p = &b.params[r];
+            let sel = pivot::select_row(
+                row,
+                &pivot::RowParams {
+                    top_k: p.top_k,
+                    top_p: p.top_p,
+                    min_p: p.min_p,
+                    temperature: p.temperature,
+                    prefilter: true,
+                },
+            );
+            let keeps = |j: usize| sel.cut.keeps(f32_key(row[j].to_bits()), j as u32);
+            let masked: Vec<f32> = (0..vocab)
+                .map(|j| if keeps(j) { row[j] } else { f32::NEG_INFINITY })
+                .collect();
+            check_masked_row(row, p, &masked, sel.kept)?;
+            // Sampling as the kernel does it.
+            let mut kept: Vec<u32> = (0..vocab as u32).filter(|&j| keeps(j as usize)).collect();
+            kept.sort_by_key(|&j| (std::cmp::Reverse(f32_key(row[j as usize].to_bits())), j));
+            let token = kept.first().map(|_| {
+                let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
+                let max = row[kept[0] as usize];
+                let w = if greedy {
+                    Weights::new(max, 1.0, 0.0)
+                } else {
+                    Weights::new(max, p.temperature, p.min_p)
+                };
+                let ws: Vec<f64> = kept
+                    .iter()
+                    .map(|&j| f64::from(w.weight(row[j as usize])))
+                    .collect();
+                let mass: f64 = ws.iter().sum();
+                let u = f64::from(flashsample::kernels::noise::uniform_open(
+                    flashsample::kernels::philox::row_uniform_bits(
+                        flashsample::kernels::philox::seed_key(p.seed),
+                        p.offset,
+                        0,
+                    ),
+                ));
+                let mut cum = 0.0;
+                for (i, &wi) in ws.iter().enumerate() {
+                    cum += wi;
+                    if cum > u * mass {
+                        return kept[i];
+                    }
+                }
+                kept[kept.len() - 1]
+            });
+            check_sampled_row(row, p, token)
+        });
+        report_rows(&b, results, &mut report);
+    }
+    report.assert_none("CPU driver through the GPU checks");
+}
