@@ -16,9 +16,9 @@ mod harness;
 use std::fmt::Write as _;
 
 use cudarc::driver::CudaSlice;
-use flashsample::{FusedOutput, HeadShape, Result, RowParams, SampleOutput, Unfused, Workspace};
+use flashsample::{FusedOutput, HeadShape, Result, RowParams, SampleOutput, Unfused};
 use half::bf16;
-use harness::{time_us, torch_refs};
+use harness::time_us;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -31,18 +31,16 @@ fn random_bf16(rng: &mut StdRng, n: usize, s: f32) -> Vec<bf16> {
 }
 
 fn main() -> Result<()> {
-    let Some((dev, stream)) = common::gpu("bench fused") else {
+    let Some(harness::Setup {
+        dev,
+        stream,
+        mut ws,
+        refs,
+        read_bw,
+    }) = harness::setup("bench fused")?
+    else {
         return Ok(());
     };
-    println!(
-        "device: {} ({}, {} SMs)",
-        dev.name()?,
-        dev.arch(),
-        dev.sm_count()
-    );
-    let refs = torch_refs();
-    let mut ws = Workspace::new(&stream)?;
-    let read_bw = harness::read_bandwidth(&dev, &stream, &mut ws)?;
     let mut unfused = Unfused::new(&stream)?;
     let mut rng = StdRng::seed_from_u64(3);
     let mut table = String::new();

@@ -45,13 +45,13 @@ pub fn time_us(
     Ok(times[reps / 2])
 }
 
-pub fn torch_refs() -> serde_free::Json {
+fn torch_refs() -> serde_free::Json {
     serde_free::Json::load(std::env::var("FLASHSAMPLE_TORCH_REF").ok())
 }
 
 /// A tiny reader for the flat `{"case": {"name": number}}` JSON the torch
 /// script writes (no JSON crate in the dependency tree).
-mod serde_free {
+pub mod serde_free {
     pub struct Json(String);
     impl Json {
         pub fn load(path: Option<String>) -> Json {
@@ -87,7 +87,7 @@ mod serde_free {
 
 /// Read bandwidth of the device in bytes/s: 1 GiB of non-zero data read
 /// once by `read_bandwidth_probe`, median of five.
-pub fn read_bandwidth(dev: &Device, stream: &Arc<CudaStream>, ws: &mut Workspace) -> Result<f64> {
+fn read_bandwidth(dev: &Device, stream: &Arc<CudaStream>, ws: &mut Workspace) -> Result<f64> {
     let mut words = vec![0u32; 1 << 28];
     for (i, w) in words.iter_mut().enumerate() {
         *w = (i as u32).wrapping_mul(2_654_435_761);
@@ -114,4 +114,37 @@ pub fn report(table: &str) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// What every bench starts from: the device, a stream, a workspace, the
+/// same-run PyTorch references and the read bandwidth measured now. `None`
+/// (after the visible skip of `common::gpu`) without a GPU.
+pub struct Setup {
+    pub dev: Device,
+    pub stream: Arc<CudaStream>,
+    pub ws: Workspace,
+    pub refs: serde_free::Json,
+    pub read_bw: f64,
+}
+
+/// Opens the GPU for bench `name` and measures the read bandwidth.
+pub fn setup(name: &str) -> Result<Option<Setup>> {
+    let Some((dev, stream)) = crate::common::gpu(name) else {
+        return Ok(None);
+    };
+    println!(
+        "device: {} ({}, {} SMs)",
+        dev.name()?,
+        dev.arch(),
+        dev.sm_count()
+    );
+    let mut ws = Workspace::new(&stream)?;
+    let read_bw = read_bandwidth(&dev, &stream, &mut ws)?;
+    Ok(Some(Setup {
+        dev,
+        stream,
+        ws,
+        refs: torch_refs(),
+        read_bw,
+    }))
 }

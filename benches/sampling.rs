@@ -17,8 +17,8 @@ mod harness;
 use std::fmt::Write as _;
 
 use cudarc::driver::CudaSlice;
-use flashsample::{Result, RowParams, Rows, SampleOutput, Workspace};
-use harness::{L2_BYTES, time_us, torch_refs};
+use flashsample::{Result, RowParams, Rows, SampleOutput};
+use harness::{L2_BYTES, time_us};
 use rand::SeedableRng;
 
 /// `batch` rows of Gaussian logits (64 distinct rows, repeated).
@@ -54,19 +54,16 @@ fn real_rows() -> Vec<Vec<f32>> {
 }
 
 fn main() -> Result<()> {
-    let Some((dev, stream)) = common::gpu("bench sampling") else {
+    let Some(harness::Setup {
+        dev,
+        stream,
+        mut ws,
+        refs,
+        read_bw,
+    }) = harness::setup("bench sampling")?
+    else {
         return Ok(());
     };
-    println!(
-        "device: {} ({}, {} SMs)",
-        dev.name()?,
-        dev.arch(),
-        dev.sm_count()
-    );
-    let refs = torch_refs();
-    let mut ws = Workspace::new(&stream)?;
-
-    let read_bw = harness::read_bandwidth(&dev, &stream, &mut ws)?;
 
     let mut table = String::new();
     writeln!(

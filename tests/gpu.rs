@@ -931,115 +931,37 @@ fn sanitize_fused_paths() {
     report.assert_none("sanitize: fused paths");
 }
 
-/// A sampler call whose offsets can be rewritten in device memory between
-/// launches (as an engine advances them between graph replays).
-trait Replayable {
-    fn stream(&self) -> Arc<CudaStream>;
-    fn set_offsets(&mut self, offsets: &[u64]);
-    fn launch(&mut self);
-    fn tokens(&self) -> Vec<u32>;
-}
-
-struct RowSampling<'a> {
-    dev: &'a Device,
-    stream: Arc<CudaStream>,
-    logits: CudaSlice<f32>,
-    rows: Rows,
-    params: RowParams,
-    out: SampleOutput,
-    ws: Workspace,
-}
-
-impl Replayable for RowSampling<'_> {
-    fn stream(&self) -> Arc<CudaStream> {
-        self.stream.clone()
-    }
-    fn set_offsets(&mut self, offsets: &[u64]) {
-        self.stream
-            .memcpy_htod(offsets, &mut self.params.offset)
-            .unwrap();
-    }
-    fn launch(&mut self) {
-        self.dev
-            .sampling_from_logits(
-                &self.stream,
-                &self.logits.as_view(),
-                self.rows,
-                &self.params,
-                &mut self.out,
-                &mut self.ws,
-            )
-            .unwrap();
-    }
-    fn tokens(&self) -> Vec<u32> {
-        self.stream.clone_dtoh(&self.out.tokens).unwrap()
-    }
-}
-
-struct FusedSampling<'a> {
-    dev: &'a Device,
-    stream: Arc<CudaStream>,
-    hidden: CudaSlice<half::bf16>,
-    weight: CudaSlice<half::bf16>,
-    shape: flashsample::HeadShape,
-    params: RowParams,
-    out: flashsample::FusedOutput,
-    ws: Workspace,
-}
-
-impl Replayable for FusedSampling<'_> {
-    fn stream(&self) -> Arc<CudaStream> {
-        self.stream.clone()
-    }
-    fn set_offsets(&mut self, offsets: &[u64]) {
-        self.stream
-            .memcpy_htod(offsets, &mut self.params.offset)
-            .unwrap();
-    }
-    fn launch(&mut self) {
-        self.dev
-            .fused_sample(
-                &self.stream,
-                &self.hidden.as_view(),
-                &self.weight.as_view(),
-                None,
-                self.shape,
-                &self.params,
-                &mut self.out,
-                &mut self.ws,
-            )
-            .unwrap();
-    }
-    fn tokens(&self) -> Vec<u32> {
-        self.stream.clone_dtoh(&self.out.tokens).unwrap()
-    }
-}
-
-/// Captures the call once into a CUDA graph and replays it: the same
-/// offsets reproduce the tokens bit for bit, advanced offsets give the
-/// tokens of a direct call with those offsets.
-fn check_graph_replays(call: &mut dyn Replayable, base: &[u64]) {
+/// Captures `launch` once into a CUDA graph and replays it: the same
+/// offsets reproduce the tokens bit for bit, advanced offsets (written into
+/// `params.offset` between replays, as an engine does) give the tokens of a
+/// direct call with those offsets. `tokens` reads the call's output.
+fn check_graph_replays(
+    stream: &Arc<CudaStream>,
+    params: &mut RowParams,
+    base: &[u64],
+    mut launch: impl FnMut(&RowParams),
+    tokens: impl Fn() -> Vec<u32>,
+) {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let stream = call.stream();
     let shifted: Vec<u64> = base.iter().map(|o| o + 1).collect();
-    call.set_offsets(&shifted);
-    call.launch();
-    let direct_shifted = call.tokens();
-    call.set_offsets(base);
-    call.launch(); // also sizes the workspace, so that capture allocates nothing
-    let direct = call.tokens();
+    stream.memcpy_htod(&shifted, &mut params.offset).unwrap();
+    launch(params);
+    let direct_shifted = tokens();
+    stream.memcpy_htod(base, &mut params.offset).unwrap();
+    launch(params); // also sizes the workspace, so that capture allocates nothing
+    let direct = tokens();
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
-    call.launch();
+    launch(params);
     let graph = stream
         .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
         .unwrap()
         .expect("the capture recorded the launches");
     let mut replay = |offs: &[u64]| {
-        call.set_offsets(offs);
+        stream.memcpy_htod(offs, &mut params.offset).unwrap();
         graph.launch().unwrap();
-        call.tokens()
+        tokens()
     };
     let first = replay(base);
     assert_eq!(first, direct, "the replay differs from the direct call");
@@ -1061,39 +983,62 @@ fn check_graph_replays(call: &mut dyn Replayable, base: &[u64]) {
 
 #[test]
 fn samplers_replay_from_cuda_graphs() {
+    use std::cell::RefCell;
     let Some((dev, stream)) = common::gpu("samplers_replay_from_cuda_graphs") else {
         return;
     };
     let mut rng = common::rng("samplers_replay_from_cuda_graphs");
+    let ws = RefCell::new(Workspace::new(&stream).unwrap());
     // sampling_from_logits with several blocks per row (B = 3) and one
     // (B = 600).
     for batch in [3usize, 600] {
         let mut b = Batch::random(&mut rng, batch, 4099);
         b.temperature.iter_mut().for_each(|t| *t = 1.0);
-        let mut call = RowSampling {
-            dev: &dev,
-            stream: stream.clone(),
-            logits: stream.clone_htod(&b.logits).unwrap(),
-            rows: b.rows,
-            params: b.params(&stream),
-            out: SampleOutput::new(&stream, batch).unwrap(),
-            ws: Workspace::new(&stream).unwrap(),
-        };
-        check_graph_replays(&mut call, &b.offset);
+        let logits = stream.clone_htod(&b.logits).unwrap();
+        let out = RefCell::new(SampleOutput::new(&stream, batch).unwrap());
+        check_graph_replays(
+            &stream,
+            &mut b.params(&stream),
+            &b.offset,
+            |p| {
+                dev.sampling_from_logits(
+                    &stream,
+                    &logits.as_view(),
+                    b.rows,
+                    p,
+                    &mut out.borrow_mut(),
+                    &mut ws.borrow_mut(),
+                )
+                .unwrap()
+            },
+            || stream.clone_dtoh(&out.borrow().tokens).unwrap(),
+        );
     }
     let mut head = Head::random(&mut rng, 20, 3001, 96, false);
     head.temperature.iter_mut().for_each(|t| *t = 1.0);
-    let mut call = FusedSampling {
-        dev: &dev,
-        stream: stream.clone(),
-        hidden: stream.clone_htod(&to_bf16(&head.hidden)).unwrap(),
-        weight: stream.clone_htod(&to_bf16(&head.weight)).unwrap(),
-        shape: head.shape,
-        params: RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap(),
-        out: flashsample::FusedOutput::new(&stream, 20).unwrap(),
-        ws: Workspace::new(&stream).unwrap(),
-    };
-    check_graph_replays(&mut call, &head.offset);
+    let hidden = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
+    let weight = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
+    let out = RefCell::new(flashsample::FusedOutput::new(&stream, 20).unwrap());
+    check_graph_replays(
+        &stream,
+        &mut RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap(),
+        &head.offset,
+        |p| {
+            let (h, w) = (hidden.as_view(), weight.as_view());
+            dev.fused_sample(
+                &stream,
+                &h,
+                &w,
+                None,
+                head.shape,
+                p,
+                &mut out.borrow_mut(),
+                &mut ws.borrow_mut(),
+            )
+            .unwrap()
+        },
+        || stream.clone_dtoh(&out.borrow().tokens).unwrap(),
+    );
 }
 
 /// The same sampler called from four host threads on four streams at once

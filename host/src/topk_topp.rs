@@ -18,7 +18,7 @@ use flashsample_kernels::params::ROW_THREADS;
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
-use crate::rows::Rows;
+use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
 
 /// Dynamic shared memory of the `topk_topp_*` kernels (the kernels crate's
@@ -39,12 +39,9 @@ pub struct TruncParams {
     pub top_p: CudaSlice<f32>,
     /// Keep `p_i >= min_p * p_max`; in `[0, 1]`, 0 is off.
     pub min_p: CudaSlice<f32>,
-    /// Softmax temperature; `<= 0` or NaN is greedy (keeps the argmax).
-    pub temperature: CudaSlice<f32>,
-    /// Per-row 64-bit Philox seed (sampling only).
-    pub seed: CudaSlice<u64>,
-    /// Per-row Philox offset (sampling only; advance it every step).
-    pub offset: CudaSlice<u64>,
+    /// Temperature (`<= 0` or NaN is greedy: keeps the argmax), and the
+    /// Philox seed and offset of the sampling kernel.
+    pub row: RowParams,
 }
 
 impl TruncParams {
@@ -68,8 +65,6 @@ impl TruncParams {
             ("top_p", top_p.len()),
             ("min_p", min_p.len()),
             ("temperature", temperature.len()),
-            ("seed", seed.len()),
-            ("offset", offset.len()),
         ] {
             if len != b {
                 return Err(shape(what, b, len));
@@ -85,9 +80,7 @@ impl TruncParams {
             top_k: stream.clone_htod(top_k)?,
             top_p: stream.clone_htod(top_p)?,
             min_p: stream.clone_htod(min_p)?,
-            temperature: stream.clone_htod(temperature)?,
-            seed: stream.clone_htod(seed)?,
-            offset: stream.clone_htod(offset)?,
+            row: RowParams::upload(stream, temperature, seed, offset)?,
         })
     }
 
@@ -101,15 +94,12 @@ impl TruncParams {
             ("top_k", self.top_k.len()),
             ("top_p", self.top_p.len()),
             ("min_p", self.min_p.len()),
-            ("temperature", self.temperature.len()),
-            ("seed", self.seed.len()),
-            ("offset", self.offset.len()),
         ] {
             if len < batch {
                 return Err(shape(what, format!("at least {batch} rows"), len));
             }
         }
-        Ok(())
+        self.row.check(batch)
     }
 }
 
@@ -162,7 +152,7 @@ impl Device {
         let (tk, _g2) = params.top_k.device_ptr(stream);
         let (tp, _g3) = params.top_p.device_ptr(stream);
         let (mp, _g4) = params.min_p.device_ptr(stream);
-        let (t, _g5) = params.temperature.device_ptr(stream);
+        let (t, _g5) = params.row.temperature.device_ptr(stream);
         let (kp, _g6) = kept.device_ptr_mut(stream);
         let mut b = stream.launch_builder(&self.kernels().topk_topp_mask_f32);
         b.arg(&l)
@@ -228,9 +218,9 @@ impl Device {
         let (tk, _g2) = params.top_k.device_ptr(stream);
         let (tp, _g3) = params.top_p.device_ptr(stream);
         let (mp, _g4) = params.min_p.device_ptr(stream);
-        let (t, _g5) = params.temperature.device_ptr(stream);
-        let (s, _g6) = params.seed.device_ptr(stream);
-        let (o, _g7) = params.offset.device_ptr(stream);
+        let (t, _g5) = params.row.temperature.device_ptr(stream);
+        let (s, _g6) = params.row.seed.device_ptr(stream);
+        let (o, _g7) = params.row.offset.device_ptr(stream);
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
         let (v, _g9) = out.valid.device_ptr_mut(stream);
         let mut b = stream.launch_builder(&self.kernels().topk_topp_sample_f32);

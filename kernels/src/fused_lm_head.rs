@@ -153,8 +153,8 @@ impl Mma for F16 {
 }
 
 /// Issues the `cp.async` copies of k-block `kb` of vocabulary tile `v0` and
-/// batch tile `b0` into stage buffer `stage` (shared address); rows past
-/// `vocab`/`batch` and columns past `dim` are zero-filled.
+/// batch tile `b0` into stage buffer `stage` (shared address): the tile's
+/// LM-head rows, then its hidden-state rows.
 ///
 /// # Safety
 /// The kernel's launch contract.
@@ -168,38 +168,70 @@ unsafe fn load_stage<const NB: u32>(
     b0: u32,
     kb: u32,
 ) {
-    let tid = arch::thread_idx_x();
     let k0 = kb * FUSED_BLOCK_K;
-    let mut q = tid;
-    // SAFETY: sources are in bounds when `ok` (row < vocab or batch, column
-    // + 8 <= dim since dim is a multiple of 8), else 0 bytes are read.
+    // SAFETY: forwarded contract; the LM head has `vocab` rows of `dim`,
+    // the hidden states `batch` rows `hidden_stride` apart.
     unsafe {
-        while q < FUSED_BLOCK_V * CHUNKS {
-            let (r, c) = (q / CHUNKS, q % CHUNKS);
-            let (v, k) = (v0 + r, k0 + c * 8);
-            let ok = v < p.vocab && k < p.dim;
-            let src = if ok {
-                weight.add(v as usize * p.dim as usize + k as usize)
+        copy_rows(
+            stage,
+            weight,
+            FUSED_BLOCK_V,
+            v0,
+            p.vocab,
+            p.dim as usize,
+            k0,
+            p.dim,
+        );
+        copy_rows(
+            stage + FUSED_BLOCK_V * CHUNKS * 16,
+            hidden,
+            NB,
+            b0,
+            p.batch,
+            p.hidden_stride as usize,
+            k0,
+            p.dim,
+        );
+    }
+}
+
+/// `cp.async` of columns `k0 .. k0 + FUSED_BLOCK_K` of rows
+/// `first .. first + rows` of `src` (rows `stride` elements apart) into
+/// the swizzled tile at shared address `dst`; rows at or past `limit` and
+/// columns at or past `dim` are zero-filled, reading nothing.
+///
+/// # Safety
+/// `src` holds `limit` rows of `stride` elements with `dim` readable,
+/// 16-byte aligned, `dim` a multiple of 8; `dst` has room for `rows`
+/// staged rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn copy_rows(
+    dst: u32,
+    src: *const u16,
+    rows: u32,
+    first: u32,
+    limit: u32,
+    stride: usize,
+    k0: u32,
+    dim: u32,
+) {
+    let mut q = arch::thread_idx_x();
+    while q < rows * CHUNKS {
+        let (r, c) = (q / CHUNKS, q % CHUNKS);
+        let (row, k) = (first + r, k0 + c * 8);
+        let ok = row < limit && k < dim;
+        // SAFETY: in bounds when `ok` (row < limit, k + 8 <= dim since dim
+        // is a multiple of 8); otherwise 0 bytes are read.
+        unsafe {
+            let from = if ok {
+                src.add(row as usize * stride + k as usize)
             } else {
-                weight
+                src
             };
-            arch::cp_async_cg_16(stage + swz(r, c), src as *const u8, if ok { 16 } else { 0 });
-            q += FUSED_THREADS;
+            arch::cp_async_cg_16(dst + swz(r, c), from as *const u8, if ok { 16 } else { 0 });
         }
-        let hs = stage + FUSED_BLOCK_V * CHUNKS * 16;
-        let mut q = tid;
-        while q < NB * CHUNKS {
-            let (r, c) = (q / CHUNKS, q % CHUNKS);
-            let (b, k) = (b0 + r, k0 + c * 8);
-            let ok = b < p.batch && k < p.dim;
-            let src = if ok {
-                hidden.add(b as usize * p.hidden_stride as usize + k as usize)
-            } else {
-                hidden
-            };
-            arch::cp_async_cg_16(hs + swz(r, c), src as *const u8, if ok { 16 } else { 0 });
-            q += FUSED_THREADS;
-        }
+        q += FUSED_THREADS;
     }
 }
 
