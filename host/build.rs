@@ -31,8 +31,14 @@ fn main() {
         String::from("/// (architecture, PTX module) for every embedded architecture.\n");
     table.push_str("pub const MODULES: &[(&str, &str)] = &[\n");
     for arch in ptx::ARCHES {
-        let text =
-            ptx::build(&cargo, &kernels, &target_dir, arch).unwrap_or_else(|e| panic!("{e}"));
+        let text = ptx::build(
+            &cargo,
+            &kernels,
+            &target_dir,
+            arch,
+            flashsample_kernels::LAUNCH_BOUNDS,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let problems = ptx::check(&text, flashsample_kernels::ENTRY_POINTS);
         if !problems.is_empty() {
             panic!(

@@ -64,6 +64,20 @@ pub fn shfl_bfly_u32(x: u32, lane_mask: u32) -> u32 {
     r
 }
 
+/// `shfl.sync.idx.b32` over the full warp: lane `src`'s `x`; every lane
+/// must execute it (not `pure`, see [`shfl_bfly_u32`]).
+#[inline(always)]
+pub fn shfl_idx_u32(x: u32, src: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only instruction; all 32 lanes participate.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {x}, {s}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, x = in(reg32) x, s = in(reg32) src,
+             options(nostack))
+    };
+    r
+}
+
 /// `lg2.approx.ftz.f32`: base-2 logarithm, maximum relative error 2^-22
 /// for normal inputs (PTX ISA); only used to filter candidates.
 #[inline(always)]
@@ -201,6 +215,22 @@ pub unsafe fn atom_max_u32(p: *mut u32, v: u32) -> u32 {
     unsafe {
         asm!("atom.global.max.u32 {o}, [{p}], {v};",
              o = out(reg32) old, p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+    old
+}
+
+/// `atom.shared.max.u32` (relaxed): returns the old value.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned shared address of the block (see
+/// [`smem_addr`]).
+#[inline(always)]
+pub unsafe fn atom_max_shared_u32(addr: u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("atom.shared.max.u32 {o}, [{a}], {v};",
+             o = out(reg32) old, a = in(reg32) addr, v = in(reg32) v, options(nostack))
     };
     old
 }

@@ -1,6 +1,6 @@
 //! Warp- and block-wide reductions used by the row kernels.
 
-use crate::arch;
+use crate::{arch, radix};
 
 /// Maximum of `v` over the warp; every lane gets it.
 #[inline(always)]
@@ -50,6 +50,36 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
         arch::bar_sync();
         out
     }
+}
+
+/// The largest `v` offered so far by any warp of the block, this one's
+/// included: a warp-wide maximum folded into `slot` by one shared atomic.
+/// Orders like `f32` (NaN as -inf); every lane gets the result.
+///
+/// # Safety
+/// Every lane of the warp calls it; `slot` is a 4-byte aligned shared
+/// address of the block (see [`arch::smem_addr`]) that held 0 (below every
+/// key) or earlier offers, and that only this function touches meanwhile.
+#[inline(always)]
+pub unsafe fn block_running_max_f32(v: f32, slot: u32) -> f32 {
+    let mut k = radix::f32_key(v.to_bits());
+    let mut m = 16;
+    while m > 0 {
+        let o = arch::shfl_bfly_u32(k, m);
+        if o > k {
+            k = o;
+        }
+        m >>= 1;
+    }
+    let mut r = k;
+    if arch::thread_idx_x() % 32 == 0 {
+        // SAFETY: the caller's contract.
+        let old = unsafe { arch::atom_max_shared_u32(slot, k) };
+        if old > r {
+            r = old;
+        }
+    }
+    f32::from_bits(radix::f32_from_key(arch::shfl_idx_u32(r, 0)))
 }
 
 /// Online log-sum-exp state in base 2: `sum = Σ 2^(x - max)`.

@@ -403,18 +403,13 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 }
                 // Fold the row's four slots (consecutive lanes) by a fixed
                 // butterfly.
-                let part = Partial {
-                    key: race.best,
-                    xs: race.best_xs,
-                    lse,
-                }
-                .butterfly(SLOTS / 2);
+                let (key, xs) = race.take_best();
+                let part = Partial { key, xs, lse }.butterfly(SLOTS / 2);
                 if has_row && slot == 0 {
                     part.store(
                         partial.add(((row * p.tiles + tile) * FUSED_PARTIAL_WORDS) as usize),
                     );
                 }
-                race.reset_best();
             }
         }
         tile += arch::grid_dim_y();

@@ -64,6 +64,33 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_sample_f32",
 ];
 
+/// Launch bounds of a kernel: the PTX directives `.maxntid max_threads, 1,
+/// 1` and `.minnctapersm min_blocks_per_sm`, which make ptxas fit the
+/// registers to that many resident blocks (CUDA C++'s `__launch_bounds__`;
+/// rustc has no attribute for them, so the PTX build writes them in).
+pub struct LaunchBounds {
+    pub kernel: &'static str,
+    pub max_threads: u32,
+    pub min_blocks_per_sm: u32,
+}
+
+/// Kernels whose register count would otherwise cost resident blocks: the
+/// sampling kernels need 4 blocks of [`params::ROW_THREADS`] per
+/// multiprocessor to keep enough loads in flight (ptxas reports 64 registers
+/// and no spills under these bounds).
+pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
+    LaunchBounds {
+        kernel: "sampling_from_logits_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 4,
+    },
+    LaunchBounds {
+        kernel: "sampling_from_logits_bf16",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 4,
+    },
+];
+
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

@@ -109,12 +109,16 @@ pub const GUMBEL_MAX: f32 = 22.88;
 #[inline(always)]
 pub fn gumbel_upper_bound(bits: u32) -> f32 {
     if bits < 0x8000_0000 {
-        0.37
+        GUMBEL_BOUND_LOWER
     } else {
         // ln 2 rounded up, so the product stays an upper bound.
         (1 + (!bits).leading_zeros()) as f32 * 0.693_148
     }
 }
+
+/// [`gumbel_from_bits`] of every word in the lower half (`bits < 2^31`) is
+/// at most this (see [`gumbel_upper_bound`]).
+pub const GUMBEL_BOUND_LOWER: f32 = 0.37;
 
 /// Words with `!bits >= COMMON_WORD_MIN` (all but one in 256) have Gumbel
 /// noise at most [`GUMBEL_BOUND_COMMON`].

@@ -69,7 +69,15 @@ pub fn token_noise_group(key: [u32; 2], offset: u64, group: u32) -> [u32; 4] {
 /// [`token_noise_group`] when four neighbours are needed).
 #[inline(always)]
 pub fn token_noise(key: [u32; 2], offset: u64, j: u32) -> u32 {
-    token_noise_group(key, offset, j >> 2)[(j & 3) as usize]
+    let r = token_noise_group(key, offset, j >> 2);
+    // Selected without indexing: a dynamic index puts the array in local
+    // memory on the GPU.
+    match j & 3 {
+        0 => r[0],
+        1 => r[1],
+        2 => r[2],
+        _ => r[3],
+    }
 }
 
 /// The `i`-th uniform word of a row's per-row stream at `offset` (for

@@ -28,37 +28,80 @@ pub fn gumbel_approx(bits: u32) -> f32 {
 const NOISE_CAP: f32 = noise::GUMBEL_MAX + 2.0 * GUMBEL_APPROX_ERR;
 /// Above the approximate noise of every common word (see [`Race::visit`]).
 const COMMON_CAP: f32 = noise::GUMBEL_BOUND_COMMON + 2.0 * GUMBEL_APPROX_ERR;
+/// Above the approximate noise of every word in the lower half.
+const LOWER_CAP: f32 = noise::GUMBEL_BOUND_LOWER + 2.0 * GUMBEL_APPROX_ERR;
 
-/// The approximate score a token must reach to be worth an exact look, given
-/// the best approximate score `a` seen so far (see [`Race::visit`]).
+/// Twice the largest distance between an approximate score `a` and the
+/// exact score of the same token, for scores of magnitude up to `mag`: the
+/// noise error twice plus a relative 2^-21 (f32 rounding of the sums is
+/// below 2^-23 relative).
+#[inline(always)]
+fn margin(mag: f32) -> f32 {
+    2.0 * GUMBEL_APPROX_ERR + (mag + 1.0) * (1.0 / 2_097_152.0)
+}
+
+/// The approximate score a token must reach to be worth a look, given the
+/// best approximate score `a` seen so far (see [`Race`]).
 #[inline(always)]
 fn threshold(a: f32) -> f32 {
     if a == f32::INFINITY {
         f32::INFINITY
     } else {
-        let mag = if a < 0.0 { -a } else { a };
-        a - (2.0 * GUMBEL_APPROX_ERR + (mag + 1.0) * (1.0 / 2_097_152.0))
+        a - margin(if a < 0.0 { -a } else { a })
     }
+}
+
+/// The exact key of a token ([`sample::gumbel_key`]), out of line: it is
+/// needed at most a few times per thread and row, and inlined at every
+/// token it made the hot loop too large for the instruction cache.
+#[inline(never)]
+fn exact_key(x: f32, inv_t: f32, bits: u32, j: u32) -> u64 {
+    sample::gumbel_key(x, inv_t, bits, j)
+}
+
+/// The token a thread currently holds, known by its approximate score until
+/// a near tie (or the end) asks for its exact key.
+#[derive(Clone, Copy)]
+struct Held {
+    a: f32,
+    x: f32,
+    xs: f32,
+    bits: u32,
+    j: u32,
 }
 
 /// One thread's share of a row's Gumbel-max race.
 ///
-/// Exactness of the filter: each score is computed approximately (`a`) and,
-/// if `a >= threshold(best a so far)`, exactly (`e`). With `|a - e| <= d`
-/// (noise error plus f32 rounding, which `threshold`'s margin exceeds), the
-/// thread's exact winner `w` satisfies `a_w >= e_w - d >= e_k - d >= a_k - 2d`
-/// for every earlier `k`, so it is always looked at exactly: the thread's
-/// exact maximum is the same as without the filter.
+/// Each token's score is first computed approximately (`a`, hardware
+/// logarithm, `|a - e| <= d` with `e` the exact score and `2d` below
+/// [`margin`]); the exact key, which costs a correctly rounded logarithm and
+/// a division, is computed only when two tokens' approximate scores are
+/// within the margin of each other, and once for the token held at the end.
+///
+/// Exactness: a token whose `a` is below `threshold(A)`, with `A` the
+/// approximate score of any token `m` already seen (by this thread or, after
+/// [`Race::raise`], by another thread of the row), has `e <= a + d <
+/// A - d <= e_m`: it cannot win, and is skipped. Among the others the thread
+/// holds one token `h` with the largest exact key so far: a newcomer whose
+/// `a` exceeds `a_h` by more than the margin has the larger exact score and
+/// replaces it without an exact look; one below by more than the margin
+/// cannot beat it; in between both exact keys decide. So the key the thread
+/// reports is the largest exact key among the tokens it did not skip, and
+/// the row's winner is never skipped.
 pub struct Race {
     greedy: bool,
     inv_t: f32,
     key: [u32; 2],
     offset: u64,
-    /// The best key so far (0: none, an invalid row).
-    pub best: u64,
-    /// `x * inv_t` of the best key's token (`x` for greedy rows).
-    pub best_xs: f32,
-    best_a: f32,
+    /// Greedy rows: the best key so far (0: none). Sampled rows: the held
+    /// token's exact key once computed, else 0 (no exact key is 0: its
+    /// score field is never zero).
+    best: u64,
+    /// `x * inv_t` of the best key's token (greedy: `x`).
+    best_xs: f32,
+    held: Option<Held>,
+    /// The largest approximate score seen (this thread's or a raised one).
+    top_a: f32,
     thr: f32,
 }
 
@@ -67,14 +110,6 @@ impl Race {
     #[inline(always)]
     pub fn is_greedy(&self) -> bool {
         self.greedy
-    }
-
-    /// Forgets the best key (keeping the filter's threshold, which stays a
-    /// valid bound): the next keys found are the best of a new tile.
-    #[inline(always)]
-    pub fn reset_best(&mut self) {
-        self.best = 0;
-        self.best_xs = f32::NAN;
     }
 
     #[inline(always)]
@@ -86,8 +121,75 @@ impl Race {
             offset,
             best: 0,
             best_xs: f32::NAN,
-            best_a: f32::NEG_INFINITY,
+            held: None,
+            top_a: f32::NEG_INFINITY,
             thr: f32::NEG_INFINITY,
+        }
+    }
+
+    /// The largest approximate score this thread has seen (or been raised
+    /// to), for sharing with the other threads of the row.
+    #[inline(always)]
+    pub fn top_score(&self) -> f32 {
+        self.top_a
+    }
+
+    /// Raises the filter to an approximate score `a` that another thread of
+    /// the same row has seen (a valid bound for every thread of the row).
+    #[inline(always)]
+    pub fn raise(&mut self, a: f32) {
+        if a > self.top_a {
+            self.top_a = a;
+            self.thr = threshold(a);
+        }
+    }
+
+    /// The thread's best key and its token's `x * inv_t` (greedy: `x`)
+    /// since the last call (key 0: none); the filter keeps its threshold,
+    /// which stays a valid bound for the next tokens of the row.
+    #[inline(always)]
+    pub fn take_best(&mut self) -> (u64, f32) {
+        if let Some(h) = self.held {
+            if self.best == 0 {
+                self.best = exact_key(h.x, self.inv_t, h.bits, h.j);
+                self.best_xs = h.xs;
+            }
+        }
+        let out = (self.best, self.best_xs);
+        self.best = 0;
+        self.best_xs = f32::NAN;
+        self.held = None;
+        out
+    }
+
+    /// Offers token `j` with approximate score `a` (at least the threshold)
+    /// against the held token.
+    #[inline(always)]
+    fn offer(&mut self, t: Held) {
+        let Some(h) = self.held else {
+            self.held = Some(t);
+            return;
+        };
+        let (ma, mh) = (
+            if t.a < 0.0 { -t.a } else { t.a },
+            if h.a < 0.0 { -h.a } else { h.a },
+        );
+        let m = margin(if ma > mh { ma } else { mh });
+        if t.a - h.a > m {
+            self.held = Some(t);
+            self.best = 0;
+        } else if !(h.a - t.a > m) {
+            // Within the margin (or infinite, NaN differences): exact keys.
+            if self.best == 0 {
+                self.best = exact_key(h.x, self.inv_t, h.bits, h.j);
+                self.best_xs = h.xs;
+            }
+            let k = exact_key(t.x, self.inv_t, t.bits, t.j);
+            if k > self.best {
+                self.best = k;
+                self.best_xs = t.xs;
+                self.held = Some(t);
+            }
         }
     }
 
@@ -96,12 +198,20 @@ impl Race {
     #[inline(always)]
     fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
         // Cheapest rejection first, integer and add only (no conversion or
-        // logarithm, which run at a quarter of the ALU rate): for all but one
-        // word in 256 the noise is at most GUMBEL_BOUND_COMMON, so with the
+        // logarithm, which run at a quarter of the ALU rate): the noise of a
+        // word in the lower half is at most GUMBEL_BOUND_LOWER, and of all
+        // but one word in 256 at most GUMBEL_BOUND_COMMON; with the
         // approximation error (twice, covering the rounding of the sum) a
         // token below the threshold by more than that is skipped, as the
         // approximate test below would skip it.
-        if !bits >= noise::COMMON_WORD_MIN && xs + COMMON_CAP < self.thr {
+        let cap = if bits < 0x8000_0000 {
+            LOWER_CAP
+        } else if !bits >= noise::COMMON_WORD_MIN {
+            COMMON_CAP
+        } else {
+            f32::INFINITY
+        };
+        if xs + cap < self.thr {
             return;
         }
         let a = if x == f32::INFINITY {
@@ -110,15 +220,8 @@ impl Race {
             xs + gumbel_approx(bits)
         };
         if a >= self.thr {
-            let k = sample::gumbel_key(x, self.inv_t, bits, j);
-            if k > self.best {
-                self.best = k;
-                self.best_xs = xs;
-            }
-            if a > self.best_a {
-                self.best_a = a;
-                self.thr = threshold(a);
-            }
+            self.raise(a);
+            self.offer(Held { a, x, xs, bits, j });
         }
     }
 

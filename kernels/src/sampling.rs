@@ -4,7 +4,7 @@
 //!
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
-//! shared memory `(ROW_THREADS / 32 + 2) * 8` bytes. With more than one block
+//! shared memory `(ROW_THREADS / 32 + 3) * 8` bytes. With more than one block
 //! per row, the last block to finish (an acq_rel ticket on `counters[row]`)
 //! reduces the row's partial maxima and resets its counter to 0.
 //!
@@ -124,14 +124,25 @@ unsafe fn sampling_from_logits<E: Elem>(
         let row_ptr = logits.add(r * split.row_stride as usize * E::BYTES);
         let lanes = E::LANES;
         let aligned = (row_ptr as usize) % 16 == 0 && split.vocab % lanes == 0;
+        // The block's running best approximate score, shared after every
+        // round of loads so that each thread filters against the whole
+        // block's tokens, not just its own.
+        let shared_top = arch::smem_addr(smem.add((ROW_THREADS / 32 + 2) as usize));
+        if tid == 0 {
+            *(smem.add((ROW_THREADS / 32 + 2) as usize) as *mut u32) = 0;
+        }
+        arch::bar_sync();
         if aligned {
             // Chunks are multiples of 8 elements: every block starts aligned.
-            // Each thread issues UNROLL 16-byte loads before using the first.
+            // Each thread issues UNROLL 16-byte loads before using the first;
+            // the rounds are uniform over the block (the warp-wide sharing
+            // needs whole warps).
             let nvec = (hi - lo) / lanes;
             let vec_ptr =
                 |vi: u32| row_ptr.add((lo + vi * lanes) as usize * E::BYTES) as *const u32;
-            let mut v = tid;
-            while v + (UNROLL - 1) * ROW_THREADS < nvec {
+            let mut base = 0;
+            while base + UNROLL * ROW_THREADS <= nvec {
+                let v = base + tid;
                 let a = arch::ld_global_nc_v4_u32(vec_ptr(v));
                 let b = arch::ld_global_nc_v4_u32(vec_ptr(v + ROW_THREADS));
                 let c = arch::ld_global_nc_v4_u32(vec_ptr(v + 2 * ROW_THREADS));
@@ -140,8 +151,12 @@ unsafe fn sampling_from_logits<E: Elem>(
                 E::visit_vec(b, lo + (v + ROW_THREADS) * lanes, &mut race);
                 E::visit_vec(c, lo + (v + 2 * ROW_THREADS) * lanes, &mut race);
                 E::visit_vec(d, lo + (v + 3 * ROW_THREADS) * lanes, &mut race);
-                v += UNROLL * ROW_THREADS;
+                if !race.is_greedy() {
+                    race.raise(block::block_running_max_f32(race.top_score(), shared_top));
+                }
+                base += UNROLL * ROW_THREADS;
             }
+            let mut v = base + tid;
             while v < nvec {
                 E::visit_vec(
                     arch::ld_global_nc_v4_u32(vec_ptr(v)),
@@ -157,7 +172,7 @@ unsafe fn sampling_from_logits<E: Elem>(
                 j += ROW_THREADS;
             }
         }
-        let best = block::block_max_u64(race.best, smem);
+        let best = block::block_max_u64(race.take_best().0, smem);
         finish_row(
             best,
             row,

@@ -68,7 +68,13 @@ pub fn build(arches: &[&Arch], out: &Path) -> Result<String, String> {
     let mut written = Vec::new();
     for arch in arches {
         println!("building PTX for {}", arch.name);
-        let text = ptx::build(&cargo, &kernels, &target_dir, arch)?;
+        let text = ptx::build(
+            &cargo,
+            &kernels,
+            &target_dir,
+            arch,
+            flashsample_kernels::LAUNCH_BOUNDS,
+        )?;
         let dir = out.join(arch.name);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let file = dir.join(PTX_FILE);

@@ -60,12 +60,14 @@ const SCRUB_ENV: &[&str] = &[
 ];
 
 /// Compiles `kernels_dir` for `arch` into PTX text, using `target_dir` for
-/// the nested build (`core` is compiled once there and reused by every arch).
+/// the nested build (`core` is compiled once there and reused by every arch),
+/// with `bounds` written into their kernels (see [`with_launch_bounds`]).
 pub fn build(
     cargo: &Path,
     kernels_dir: &Path,
     target_dir: &Path,
     arch: &Arch,
+    bounds: &[flashsample_kernels::LaunchBounds],
 ) -> Result<String, String> {
     let mut cmd = Command::new(cargo);
     for v in SCRUB_ENV {
@@ -124,13 +126,43 @@ pub fn build(
             arch.name
         )
     })?;
-    std::fs::read_to_string(&asm).map_err(|e| {
+    let text = std::fs::read_to_string(&asm).map_err(|e| {
         format!(
             "reading {}: {e} (if it was deleted, remove {} to rebuild)",
             asm.display(),
             target_dir.display()
         )
-    })
+    })?;
+    with_launch_bounds(&text, bounds)
+}
+
+/// `ptx` with each kernel's `.maxntid` and `.minnctapersm` directives
+/// written between its parameter list and its body, where PTX expects
+/// performance-tuning directives.
+pub fn with_launch_bounds(
+    ptx: &str,
+    bounds: &[flashsample_kernels::LaunchBounds],
+) -> Result<String, String> {
+    let mut out = ptx.to_string();
+    for b in bounds {
+        let head = format!(".entry {}(", b.kernel);
+        let start = out
+            .find(&head)
+            .ok_or_else(|| format!("launch bounds for {}: no such entry point", b.kernel))?;
+        // The parameter list ends at the first `)` line after the header.
+        let close = out[start..]
+            .find("\n)")
+            .map(|i| start + i + 2)
+            .ok_or_else(|| format!("launch bounds for {}: no end of parameters", b.kernel))?;
+        out.insert_str(
+            close + 1,
+            &format!(
+                "\n.maxntid {}, 1, 1\n.minnctapersm {}\n",
+                b.max_threads, b.min_blocks_per_sm
+            ),
+        );
+    }
+    Ok(out)
 }
 
 /// The `.s` file next to the kernels crate's hashed `deps/` artifact named in
