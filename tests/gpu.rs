@@ -3,14 +3,15 @@
 //! Without a GPU each test prints a visible `SKIPPED` line and passes; with
 //! `FLASHSAMPLE_REQUIRE_GPU=1` (the GPU bundle) a missing GPU fails them.
 //! Tests whose names start with `sanitize_` are small and cover every
-//! dispatch path; the bundle also runs them under compute-sanitizer.
+//! dispatch path; the bundle also runs them under compute-sanitizer, and
+//! each prints the kernels it launched ([`common::Coverage`]).
 
 mod common;
 mod corpus;
 
 use std::sync::Arc;
 
-use common::{DISTS, Mismatches};
+use common::{Coverage, DISTS, Mismatches};
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::{Device, RowParams, Rows, SampleOutput, Workspace, reference};
 use rand::rngs::StdRng;
@@ -147,17 +148,33 @@ fn check_against_reference(
     }
 }
 
+/// The diagnostic kernels: the approximate Gumbel noise stays within the
+/// samplers' filter bound over all 2^32 words (a compute-only scan, fast
+/// under compute-sanitizer too), and the read-bandwidth probe reads a
+/// buffer shorter than its grid and one longer (2^20 16-byte words: two
+/// grid strides on an H200).
 #[test]
-fn gumbel_filter_error_is_within_its_bound() {
-    let Some((dev, stream)) = common::gpu("gumbel_filter_error_is_within_its_bound") else {
+fn sanitize_probes() {
+    const TEST: &str = "sanitize_probes";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
+    let mut coverage = Coverage::default();
     let err = dev.gumbel_filter_max_error(&stream).unwrap();
     println!("max |approx - exact| Gumbel noise over all 2^32 words: {err:e}");
     assert!(
         err <= flashsample::kernels::noise::GUMBEL_APPROX_ERR,
         "approximate Gumbel noise error {err:e} exceeds the filter's bound"
     );
+    coverage.case(&["gumbel_filter_error_probe"]);
+    let mut ws = Workspace::new(&stream).unwrap();
+    for words in [4usize, 1 << 22] {
+        let data: CudaSlice<u32> = stream.alloc_zeros(words).unwrap();
+        dev.read_once(&stream, &data.as_view(), &mut ws).unwrap();
+        stream.synchronize().unwrap();
+        coverage.case(&["read_bandwidth_probe"]);
+    }
+    coverage.report(TEST);
 }
 
 /// At least 10,000 rows, V from 111 to 262144, every distribution (ties,
@@ -385,12 +402,17 @@ fn softmax_matches_float64_reference() {
 /// ragged tails); the bundle runs these under compute-sanitizer.
 #[test]
 fn sanitize_sampling_paths() {
-    let Some((dev, stream)) = common::gpu("sanitize_sampling_paths") else {
+    const TEST: &str = "sanitize_sampling_paths";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(11);
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
+    let mut coverage = Coverage::default();
+    // V <= 1024: one block per row; larger V at small B: several. Vector
+    // loads where rows are 16-byte aligned and V is a multiple of the
+    // vector's lanes (8192, 1000), scalar loads elsewhere.
     for (vocab, batch) in [
         (111, 1),
         (111, 3),
@@ -403,23 +425,29 @@ fn sanitize_sampling_paths() {
         let d = stream.clone_htod(&b.logits).unwrap();
         let got = sample_on_gpu(&dev, &stream, &d, &b, &mut ws);
         check_against_reference(&b, &got, &mut report, |r| r.to_vec());
+        coverage.case(&["sampling_from_logits_f32"]);
         let h: Vec<half::bf16> = b.logits.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let d = stream.clone_htod(&h).unwrap();
         let got = sample_on_gpu(&dev, &stream, &d, &b, &mut ws);
         check_against_reference(&b, &got, &mut report, |r| {
             r.iter().map(|&x| common::bf16_round(x)).collect()
         });
+        coverage.case(&["sampling_from_logits_bf16"]);
     }
     report.assert_none("sanitize: sampling paths");
+    coverage.report(TEST);
 }
 
+/// Softmax over one block per row (V = 111) and several (8193, 20000).
 #[test]
 fn sanitize_softmax_paths() {
-    let Some((dev, stream)) = common::gpu("sanitize_softmax_paths") else {
+    const TEST: &str = "sanitize_softmax_paths";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(12);
     let mut ws = Workspace::new(&stream).unwrap();
+    let mut coverage = Coverage::default();
     for (vocab, batch) in [(111, 3), (8193, 2), (20_000, 1)] {
         let b = Batch::random(&mut rng, batch, vocab);
         let d = stream.clone_htod(&b.logits).unwrap();
@@ -446,7 +474,9 @@ fn sanitize_softmax_paths() {
                 .sum();
             assert!((s - want).abs() < 1e-4, "row {r}: mass {s}, want {want}");
         }
+        coverage.case(&["softmax_stats_f32", "softmax_write_f32"]);
     }
+    coverage.report(TEST);
 }
 
 /// Wrong arguments are rejected before any launch, with typed errors.
@@ -572,17 +602,20 @@ fn to_bf16(x: &[f32]) -> Vec<half::bf16> {
     x.iter().map(|&v| half::bf16::from_f32(v)).collect()
 }
 
-/// Runs the fused sampler on `head` (bf16) and returns (tokens, log
-/// normalisers, logprobs); outputs poisoned first.
-fn fused_on_gpu(
+/// Runs the fused sampler on `head` with its operands converted by `to`
+/// (to bf16 or f16) and returns (tokens, log normalisers, logprobs);
+/// outputs poisoned first.
+fn fused_on_gpu<T: flashsample::HeadElem>(
     dev: &Device,
     stream: &Arc<CudaStream>,
     head: &Head,
     ws: &mut Workspace,
+    to: fn(f32) -> T,
 ) -> (Vec<Option<u32>>, Vec<f32>, Vec<f32>) {
     let b = head.shape.batch;
-    let h = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
-    let w = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
+    let convert = |x: &[f32]| x.iter().map(|&v| to(v)).collect::<Vec<T>>();
+    let h = stream.clone_htod(&convert(&head.hidden)).unwrap();
+    let w = stream.clone_htod(&convert(&head.weight)).unwrap();
     let bias = head.bias.as_ref().map(|b| stream.clone_htod(b).unwrap());
     let params = RowParams::upload(stream, &head.temperature, &head.seed, &head.offset).unwrap();
     let mut out = flashsample::FusedOutput::new(stream, b).unwrap();
@@ -695,14 +728,14 @@ fn fused_matches_float64_reference() {
         let vocab = [1usize, 127, 128, 129, 1000, 2053][rng.random_range(0..6)];
         let dim = 8 * rng.random_range(1..=48);
         let head = Head::random(&mut rng, batch, vocab, dim, i % 3 == 0);
-        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         check_fused(&head, &got, &mut report);
         cases += 1;
     }
     // Two cases at a real head's size.
     for (batch, vocab, dim) in [(4, 151_936, 4096), (3, 128_256, 1000)] {
         let head = Head::random(&mut rng, batch, vocab, dim, false);
-        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         check_fused(&head, &got, &mut report);
         cases += 1;
     }
@@ -730,7 +763,7 @@ fn fused_agrees_with_unfused_pipeline() {
         (256, 4099, 256),
     ] {
         let head = Head::random(&mut rng, batch, vocab, dim, false);
-        let fused = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        let fused = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         let h = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
         let w = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
         let params =
@@ -786,7 +819,7 @@ fn fused_is_independent_of_batch_and_position() {
     let mut ws = Workspace::new(&stream).unwrap();
     let (vocab, dim) = (20_011, 264);
     let probe = Head::random(&mut rng, 4, vocab, dim, true);
-    let alone = fused_on_gpu(&dev, &stream, &probe, &mut ws);
+    let alone = fused_on_gpu(&dev, &stream, &probe, &mut ws, half::bf16::from_f32);
     for batch in [5usize, 31, 64, 200] {
         let mut big = Head::random(&mut rng, batch, vocab, dim, true);
         big.weight.clone_from(&probe.weight);
@@ -799,7 +832,7 @@ fn fused_is_independent_of_batch_and_position() {
             big.seed[s] = probe.seed[i];
             big.offset[s] = probe.offset[i];
         }
-        let got = fused_on_gpu(&dev, &stream, &big, &mut ws);
+        let got = fused_on_gpu(&dev, &stream, &big, &mut ws, half::bf16::from_f32);
         for (i, &s) in slots.iter().enumerate() {
             assert_eq!(
                 got.0[s], alone.0[i],
@@ -862,17 +895,33 @@ fn fused_chi_square_small_head() {
     );
 }
 
-/// Small fused cases over every variant (batch tiles 16/32/64 and several
-/// batch tiles, vocabulary and k tails, bias, f16); run under
-/// compute-sanitizer by the bundle.
+/// The tile kernel `fused_sample` launches for `batch` rows of `T`
+/// operands (host/src/fused_lm_head.rs): that of the smallest batch tile of
+/// 16, 32 or 64 rows that holds the batch, 64 for larger batches.
+fn fused_tile_kernel<T: flashsample::HeadElem>(batch: usize) -> String {
+    let dtype = if T::IS_BF16 { "bf16" } else { "f16" };
+    let tile = match batch {
+        0..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    };
+    format!("fused_sample_{dtype}_b{tile}")
+}
+
+/// Small fused cases over every variant (bf16 and f16 operands, batch tiles
+/// 16/32/64 and several batch tiles, vocabulary and k tails, bias); run
+/// under compute-sanitizer by the bundle.
 #[test]
 fn sanitize_fused_paths() {
-    let Some((dev, stream)) = common::gpu("sanitize_fused_paths") else {
+    const TEST: &str = "sanitize_fused_paths";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(13);
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
+    let mut coverage = Coverage::default();
+    // (batch, vocab, dim, bias); B = 65 takes two tiles of 64 rows.
     for (batch, vocab, dim, bias) in [
         (1, 1, 8, false),
         (17, 129, 72, true),
@@ -880,55 +929,37 @@ fn sanitize_fused_paths() {
         (3, 1000, 64, true),
     ] {
         let head = Head::random(&mut rng, batch, vocab, dim, bias);
-        let got = fused_on_gpu(&dev, &stream, &head, &mut ws);
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         check_fused(&head, &got, &mut report);
+        coverage.case(&[
+            &fused_tile_kernel::<half::bf16>(batch),
+            "fused_sample_finish",
+        ]);
     }
-    // f16 operands: the same values (bf16-rounded, then exactly
-    // representable in f16 at these magnitudes or rounded: the reference
-    // reads the f16 values).
-    let head = Head::random(&mut rng, 9, 257, 40, false);
-    let hf: Vec<half::f16> = head
-        .hidden
-        .iter()
-        .map(|&x| half::f16::from_f32(x))
-        .collect();
-    let wf: Vec<half::f16> = head
-        .weight
-        .iter()
-        .map(|&x| half::f16::from_f32(x))
-        .collect();
-    let h = stream.clone_htod(&hf).unwrap();
-    let w = stream.clone_htod(&wf).unwrap();
-    let params = RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap();
-    let mut out = flashsample::FusedOutput::new(&stream, 9).unwrap();
-    dev.fused_sample(
-        &stream,
-        &h.as_view(),
-        &w.as_view(),
-        None,
-        head.shape,
-        &params,
-        &mut out,
-        &mut ws,
-    )
-    .unwrap();
-    let tokens = stream.clone_dtoh(&out.tokens).unwrap();
-    let widened = Head {
-        hidden: hf.iter().map(|x| x.to_f32()).collect(),
-        weight: wf.iter().map(|x| x.to_f32()).collect(),
-        ..head
-    };
-    for (r, &tok) in tokens.iter().enumerate() {
-        let res = reference::fused_tokens_agree(
-            &widened.reference(r),
-            widened.temperature[r],
-            widened.seed[r],
-            widened.offset[r],
-            Some(tok),
-        );
-        report.check(res.is_ok(), || format!("f16 row {r}: {}", res.unwrap_err()));
+    // f16 operands: the same values rounded to f16 (the reference reads the
+    // f16 values).
+    let f16_values =
+        |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
+    for (batch, vocab, dim, bias) in [
+        (9, 257, 40, false),
+        (20, 130, 48, true),
+        (40, 200, 24, false),
+    ] {
+        let head = Head::random(&mut rng, batch, vocab, dim, bias);
+        let head = Head {
+            hidden: f16_values(&head.hidden),
+            weight: f16_values(&head.weight),
+            ..head
+        };
+        let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::f16::from_f32);
+        check_fused(&head, &got, &mut report);
+        coverage.case(&[
+            &fused_tile_kernel::<half::f16>(batch),
+            "fused_sample_finish",
+        ]);
     }
     report.assert_none("sanitize: fused paths");
+    coverage.report(TEST);
 }
 
 /// Captures `launch` once into a CUDA graph and replays it: the same

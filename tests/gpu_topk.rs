@@ -4,13 +4,14 @@
 //! Without a GPU each test prints a visible `SKIPPED` line and passes; with
 //! `FLASHSAMPLE_REQUIRE_GPU=1` (the GPU bundle) a missing GPU fails them.
 //! Tests whose names start with `sanitize_` are small and cover every
-//! path; the bundle also runs them under compute-sanitizer.
+//! path; the bundle also runs them under compute-sanitizer, and each prints
+//! the kernels it launched ([`common::Coverage`]).
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{DISTS, Dist, Mismatches};
+use common::{Coverage, DISTS, Dist, Mismatches};
 use cudarc::driver::CudaStream;
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{Device, Rows, SampleOutput, TruncParams, Workspace};
@@ -427,18 +428,25 @@ fn topk_sample_matches_float64_reference() {
     report.assert_none("top-k/top-p sampling");
 }
 
+/// Masking and sampling (one block per row) over tiny, small and large
+/// vocabularies and a strided view; the bundle runs this under
+/// compute-sanitizer.
 #[test]
 fn sanitize_topk_paths() {
-    let Some((dev, stream)) = common::gpu("sanitize_topk_paths") else {
+    const TEST: &str = "sanitize_topk_paths";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(23);
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
+    let mut coverage = Coverage::default();
     for (vocab, batch) in [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)] {
         let b = Batch::random(&mut rng, batch, vocab);
         check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        coverage.case(&["topk_topp_mask_f32"]);
         check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+        coverage.case(&["topk_topp_sample_f32"]);
     }
     // A strided view: rows 5000 apart, 4099 used.
     let b = Batch::random(&mut rng, 3, 4099);
@@ -477,7 +485,9 @@ fn sanitize_topk_paths() {
             });
         }
     }
+    coverage.case(&["topk_topp_mask_f32"]);
     report.assert_none("sanitize: top-k/top-p paths");
+    coverage.report(TEST);
 }
 
 #[test]

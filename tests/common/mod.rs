@@ -1,6 +1,8 @@
-//! Test and bench support: the GPU gate, logits generators, mismatch reports.
+//! Test and bench support: the GPU gate, logits generators, mismatch
+//! reports, the kernel coverage of the sanitize tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -156,5 +158,43 @@ impl Mismatches {
             self.first.join("\n  ")
         );
         println!("{what}: {} checks, all passed", self.checked);
+    }
+}
+
+/// The kernel entry points a `sanitize_*` test launched, and its number of
+/// cases. The GPU bundle's sanitizer step collects the line that
+/// [`Coverage::report`] prints from every sanitize test and fails unless
+/// together they launched every entry point of
+/// `flashsample::kernels::ENTRY_POINTS`.
+#[derive(Default)]
+pub struct Coverage {
+    kernels: BTreeSet<&'static str>,
+    cases: usize,
+}
+
+impl Coverage {
+    /// Records one case that launched `kernels`: entry-point names, as the
+    /// host's launch wrappers pick them.
+    pub fn case(&mut self, kernels: &[&str]) {
+        for &k in kernels {
+            let name = flashsample::kernels::ENTRY_POINTS
+                .iter()
+                .find(|&&e| e == k)
+                .unwrap_or_else(|| panic!("`{k}` is not a kernel entry point"));
+            self.kernels.insert(name);
+        }
+        self.cases += 1;
+    }
+
+    /// Prints `sanitize coverage: <test>: kernels <k1>,<k2>,...; cases <n>`,
+    /// straight to stdout so that the test harness does not capture it.
+    pub fn report(&self, test: &str) {
+        let kernels: Vec<&str> = self.kernels.iter().copied().collect();
+        let _ = writeln!(
+            std::io::stdout(),
+            "sanitize coverage: {test}: kernels {}; cases {}",
+            kernels.join(","),
+            self.cases
+        );
     }
 }

@@ -9,6 +9,9 @@
 //! ptx/<arch>/flashsample_kernels.ptx
 //! ptx/ptxas-report.txt             when ptxas was available
 //! scripts/*.py                     benches/*.py (same-run PyTorch references)
+//! kernels.txt                      the kernel entry points, one a line (the
+//!                                  sanitizer step checks that its tests
+//!                                  launched every one)
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -121,6 +124,12 @@ pub fn main(args: &[String]) -> Result<(), String> {
         std::fs::write(&file, report.trim_start())
             .map_err(|e| format!("writing {}: {e}", file.display()))?;
     }
+    let kernels = out.join("kernels.txt");
+    std::fs::write(
+        &kernels,
+        format!("{}\n", flashsample_kernels::ENTRY_POINTS.join("\n")),
+    )
+    .map_err(|e| format!("writing {}: {e}", kernels.display()))?;
     write_run_script(&out.join("run"), &exes)?;
 
     println!("\nbundle {}:", out.display());

@@ -14,8 +14,12 @@ set -uo pipefail
 TESTS=(@TESTS@)
 BENCHES=(@BENCHES@)
 SANITIZE_TOOLS=(memcheck racecheck synccheck initcheck)
-# The tests the sanitizer runs: those whose names contain this.
+# The tests the sanitizer runs: those whose names contain this, in every GPU
+# test executable. Each prints
+#   sanitize coverage: <test>: kernels <kernel>,<kernel>,...; cases <n>
+# and together they must launch every kernel listed in SANITIZE_KERNELS.
 SANITIZE_FILTER=sanitize_
+SANITIZE_KERNELS=kernels.txt
 
 usage() {
     echo "usage: $0 [tests] [sanitize] [bench]   (default: all)"
@@ -113,7 +117,7 @@ find_sanitizer() {
 }
 
 step_sanitize() {
-    local log="$OUT/sanitizer.log" san failed=() tool
+    local log="$OUT/sanitizer.log" san t tool k line listed=() exes=() names=() failed=() problems=()
     if [ "${FLASHSAMPLE_SANITIZE:-1}" = 0 ]; then
         RESULT[sanitize]="skipped (FLASHSAMPLE_SANITIZE=0)"
         return
@@ -122,30 +126,76 @@ step_sanitize() {
         RESULT[sanitize]="skipped (compute-sanitizer not found)"
         return
     fi
-    if [ ! -x bin/gpu ]; then
-        RESULT[sanitize]="skipped (no bin/gpu in this bundle)"
-        return
-    fi
     : >"$log"
-    local matched
-    matched="$(bin/gpu --list "$SANITIZE_FILTER" 2>/dev/null | grep -c ': test$')"
-    if [ "${matched:-0}" -eq 0 ]; then
-        echo "no test of bin/gpu has '$SANITIZE_FILTER' in its name" | tee -a "$log"
+    for t in "${TESTS[@]}"; do
+        case "$t" in
+            gpu | gpu_* | gpu-*) ;;
+            *) continue ;;
+        esac
+        mapfile -t listed < <("bin/$t" --list "$SANITIZE_FILTER" 2>/dev/null | sed -n 's/: test$//p')
+        if [ ${#listed[@]} -gt 0 ]; then
+            exes+=("$t")
+            names+=("${listed[@]}")
+        fi
+    done
+    if [ ${#exes[@]} -eq 0 ]; then
+        echo "no GPU test executable has a test with '$SANITIZE_FILTER' in its name" | tee -a "$log"
         RESULT[sanitize]="skipped (no test name contains '$SANITIZE_FILTER')"
         return
     fi
     for tool in "${SANITIZE_TOOLS[@]}"; do
-        run_logged "$log" "$san" --tool "$tool" --error-exitcode 1 \
-            bin/gpu --test-threads=1 "$SANITIZE_FILTER" || failed+=("$tool")
+        for t in "${exes[@]}"; do
+            run_logged "$log" "$san" --tool "$tool" --error-exitcode 1 \
+                "bin/$t" --test-threads=1 "$SANITIZE_FILTER" || failed+=("$t under $tool")
+        done
     done
-    if [ ${#failed[@]} -eq 0 ]; then
-        RESULT[sanitize]="ok ($matched tests under ${SANITIZE_TOOLS[*]})"
-    elif grep -q 'terminated before first instrumented API call' "$log"; then
+    if [ ${#failed[@]} -gt 0 ]; then
+        line="$(printf ', %s' "${failed[@]}")"
+        problems+=("failed: ${line:2}")
         # The sanitizer fails a run that never calls CUDA: the tests skipped
         # the GPU, so nothing was checked.
-        RESULT[sanitize]="FAILED (${failed[*]}; some runs made no CUDA call, see sanitizer.log)"
+        if grep -q 'terminated before first instrumented API call' "$log"; then
+            problems+=("some runs made no CUDA call, see sanitizer.log")
+        fi
+    fi
+
+    # Kernel coverage: the union of the kernels the tests report launching
+    # (over every run) against the bundle's list of entry points.
+    local reports kernels=() missing=() silent=() cases=0
+    local -A launched=()
+    reports="$(grep -o 'sanitize coverage: [^ ]*: kernels [^;]*; cases [0-9]*' "$log" | sort -u)"
+    while IFS= read -r k; do
+        [ -n "$k" ] && launched[$k]=1
+    done < <(sed -n 's/.*: kernels \([^;]*\);.*/\1/p' <<<"$reports" | tr ',' '\n')
+    for t in "${names[@]}"; do
+        line="$(grep -m1 -F "sanitize coverage: $t: " <<<"$reports")"
+        if [ -n "$line" ]; then
+            cases=$((cases + ${line##* }))
+        else
+            silent+=("$t")
+        fi
+    done
+    [ ${#silent[@]} -eq 0 ] || problems+=("no coverage line from ${silent[*]}")
+    local summary="${#names[@]} tests in ${#exes[@]} executables under ${SANITIZE_TOOLS[*]}"
+    if [ -f "$SANITIZE_KERNELS" ]; then
+        mapfile -t kernels < <(grep -v '^$' "$SANITIZE_KERNELS")
+        for k in "${kernels[@]}"; do
+            [ -n "${launched[$k]:-}" ] || missing+=("$k")
+        done
+        summary+="; $((${#kernels[@]} - ${#missing[@]})) of ${#kernels[@]} kernels, $cases cases"
+        [ ${#missing[@]} -eq 0 ] || problems+=("no test launched ${missing[*]}")
     else
-        RESULT[sanitize]="FAILED (${failed[*]})"
+        problems+=("no $SANITIZE_KERNELS in this bundle: kernel coverage unknown")
+    fi
+    echo "sanitize summary: $summary" | tee -a "$log"
+    for k in "${problems[@]}"; do
+        echo "sanitize problem: $k" | tee -a "$log"
+    done
+
+    if [ ${#problems[@]} -eq 0 ]; then
+        RESULT[sanitize]="ok ($summary)"
+    else
+        RESULT[sanitize]="FAILED ($(printf '%s; ' "${problems[@]}")$summary)"
     fi
 }
 
