@@ -1,0 +1,291 @@
+//! GPU bench of the Qrita truncation kernels, `top_k_top_p_mask_logits`
+//! (in place) and `sample_top_k_top_p`, timed with CUDA events.
+//!
+//! Matrix: f32 logits, V in {32000, 128256, 151936, 262144}, B in {1, 8,
+//! 32, 128, 512, 1024}, (k, p) in {(50, 0.9), (1000, 0.9)}, min-p off,
+//! temperature 1, on three distributions of `tests/common`: Gaussian (a
+//! per-row sigma in [0.5, 8]), heavy-tailed (Student-t, 2 degrees of
+//! freedom, scaled by 2: a few large logits per row) and bf16-quantised
+//! (Gaussian rounded to bf16: many exact ties). Per (V, distribution), 64
+//! distinct rows are drawn on the host from a fixed seed, uploaded once and
+//! tiled to 1024 rows on the device.
+//!
+//! Pristine inputs. The mask kernel overwrites its input, and masking an
+//! already-masked row is a different, much easier workload; timing "copy +
+//! mask" minus "copy" was rejected too, since the copy leaves the rows it
+//! wrote in L2 and the mask would then read them from the cache. So every
+//! call of a timed sample runs on its own copy of the case's logits: before
+//! each sample, outside the timed region, every copy is restored from the
+//! pristine rows by a device-to-device copy and L2 is flushed by reading
+//! 2 x L2 of other data; every timed call then reads pristine logits from
+//! HBM, as the floor assumes. The sampler, which only reads, is timed the
+//! same way. One copy per call of a `harness::time_us` sample at the largest
+//! case (1024 x 262144 f32, 1 GiB each) takes about 24 GiB of device memory.
+//! Each measurement is one untimed warm-up sample, then the median of up to
+//! 7 samples within about 80 ms of kernel time.
+//!
+//! First table, per case: the floor at the read bandwidth measured in this
+//! run (masking reads and writes B x V x 4 bytes, sampling reads them
+//! once), the kernel's median time per call, their ratio, and for masking
+//! the target (1.5 x floor + 5 us for B >= 8, 15 us at B = 1).
+//!
+//! Second table, per (V, distribution, k, p): the selection statistics of
+//! the portable driver the kernels run (`flashsample::kernels::pivot::
+//! select_row`, as `examples/pivot_stats.rs` reports them on real logits)
+//! over the first 16 rows: the sigma pre-filter's outcome, candidates
+//! searched, kept count, pivot rounds; and how many of these rows the GPU
+//! mask (B = 1024) kept exactly as many elements of as the driver (top-p
+//! may differ by one within its 1e-6 band).
+//!
+//! Prints both markdown tables and writes them to `FLASHSAMPLE_BENCH_OUT`
+//! when set. Without a GPU it says it skips and exits 0.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod harness;
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use common::Dist;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use flashsample::kernels::pivot::{self, Prefilter, Selection};
+use flashsample::{Device, Result, Rows, SampleOutput, TruncParams, Workspace};
+use harness::{L2_BYTES, time_us};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+const VOCABS: [usize; 4] = [32_000, 128_256, 151_936, 262_144];
+const BATCHES: [usize; 6] = [1, 8, 32, 128, 512, 1024];
+const MAX_BATCH: usize = BATCHES[BATCHES.len() - 1];
+const TRUNCATIONS: [(u32, f32); 2] = [(50, 0.9), (1000, 0.9)];
+const DISTS: [(Dist, &str); 3] = [
+    (Dist::Gaussian, "gaussian"),
+    (Dist::HeavyTail, "heavy-tail"),
+    (Dist::Bf16Quantised, "bf16-quantised"),
+];
+const TEMPERATURE: f32 = 1.0;
+/// Distinct rows per (V, distribution), tiled to `MAX_BATCH`.
+const DISTINCT_ROWS: usize = 64;
+/// Rows the CPU selection statistics run over.
+const STAT_ROWS: usize = 16;
+/// Kernel time per measurement that cuts the number of samples.
+const BUDGET_US: f64 = 80_000.0;
+const MAX_REPS: usize = 7;
+
+/// Per-call copies of the logits and the L2 flush of pristine-input timing.
+struct Pristine {
+    /// One copy per call of a `time_us` sample, `MAX_BATCH` x max V each.
+    copies: Vec<CudaSlice<f32>>,
+    /// 2 x L2 of data, read before each sample.
+    flush: CudaSlice<u32>,
+}
+
+impl Pristine {
+    fn new(stream: &Arc<CudaStream>) -> Result<Pristine> {
+        // One copy per call of a sample: count the calls of an empty one.
+        let mut calls = 0;
+        time_us(stream, 0, 1, |_| {
+            calls += 1;
+            Ok(())
+        })?;
+        let len = MAX_BATCH * VOCABS.iter().max().expect("vocabularies");
+        Ok(Pristine {
+            copies: (0..calls)
+                .map(|_| stream.alloc_zeros(len))
+                .collect::<Result<_, _>>()?,
+            flush: stream.alloc_zeros(2 * L2_BYTES / 4)?,
+        })
+    }
+
+    /// Median time per call of `f` on pristine logits `src`: before each
+    /// sample (outside the timed region) every copy gets `src` again and L2
+    /// is flushed; call `i` of a sample runs on copy `i`. One warm-up
+    /// sample, then 1 to `MAX_REPS` samples within `BUDGET_US`.
+    fn time(
+        &mut self,
+        dev: &Device,
+        stream: &Arc<CudaStream>,
+        ws: &mut Workspace,
+        src: &CudaView<'_, f32>,
+        mut f: impl FnMut(&mut CudaViewMut<'_, f32>, &mut Workspace) -> Result<()>,
+    ) -> Result<f64> {
+        let len = src.len();
+        let calls = self.copies.len() as f64;
+        let mut sample = || -> Result<f64> {
+            for copy in &mut self.copies {
+                stream.memcpy_dtod(src, &mut copy.slice_mut(..len))?;
+            }
+            dev.read_once(stream, &self.flush.as_view(), ws)?;
+            time_us(stream, 0, 1, |i| {
+                f(&mut self.copies[i].slice_mut(..len), ws)
+            })
+        };
+        let warm = sample()?;
+        let reps = ((BUDGET_US / (warm * calls)) as usize).clamp(1, MAX_REPS);
+        let mut times = (0..reps).map(|_| sample()).collect::<Result<Vec<_>>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[reps / 2])
+    }
+}
+
+/// One row of the statistics table: the driver's selection on `rows`
+/// against the GPU's kept counts `gpu_kept` of the same rows.
+fn stats_line(rows: &[Vec<f32>], params: &pivot::RowParams, gpu_kept: &[u32]) -> String {
+    let sel: Vec<Selection> = rows.iter().map(|r| pivot::select_row(r, params)).collect();
+    let n = sel.len() as f64;
+    let share = |what: Prefilter| sel.iter().filter(|s| s.prefilter == what).count() as f64 / n;
+    let mean = |f: fn(&Selection) -> u32| sel.iter().map(|s| f64::from(f(s))).sum::<f64>() / n;
+    let agree = sel
+        .iter()
+        .zip(gpu_kept)
+        .filter(|&(s, &g)| s.kept == g)
+        .count();
+    format!(
+        "{} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {agree}/{} |",
+        sel.len(),
+        share(Prefilter::Hit),
+        share(Prefilter::HitSecondTier),
+        share(Prefilter::Fallback),
+        mean(|s| s.candidates),
+        mean(|s| s.kept),
+        mean(|s| s.topk_rounds),
+        mean(|s| s.topp_rounds),
+        mean(|s| s.tie_rounds),
+        sel.len()
+    )
+}
+
+fn main() -> Result<()> {
+    let Some(harness::Setup {
+        dev,
+        stream,
+        mut ws,
+        read_bw,
+        ..
+    }) = harness::setup("bench topk")?
+    else {
+        return Ok(());
+    };
+    let mut pristine = Pristine::new(&stream)?;
+    let mut table = String::new();
+    writeln!(
+        table,
+        "read bandwidth {:.0} GB/s (1 GiB read, same run); f32 logits, temperature {TEMPERATURE}, min_p 0; every call on pristine logits read from HBM\n",
+        read_bw / 1e9
+    )
+    .ok();
+    writeln!(
+        table,
+        "| case | floor us | kernel us | ratio | target us | ok |\n|---|---|---|---|---|---|"
+    )
+    .ok();
+    let mut stats = String::from(
+        "| V | distribution | k | p | rows | pre-filter hit | 2nd tier | fallback | mean candidates | mean kept | top-k rounds | top-p rounds | tie rounds | GPU kept = CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut failures = 0;
+    for vocab in VOCABS {
+        // Per distribution: the distinct rows (host) and MAX_BATCH rows
+        // tiled from them (device).
+        let mut inputs = Vec::with_capacity(DISTS.len());
+        for (dist, name) in DISTS {
+            let mut host = Vec::with_capacity(DISTINCT_ROWS * vocab);
+            for _ in 0..DISTINCT_ROWS {
+                common::push_row(&mut rng, dist, vocab, &mut host);
+            }
+            let distinct = stream.clone_htod(&host)?;
+            let mut tiled: CudaSlice<f32> = stream.alloc_zeros(MAX_BATCH * vocab)?;
+            for chunk in 0..MAX_BATCH / DISTINCT_ROWS {
+                let at = chunk * host.len();
+                stream.memcpy_dtod(&distinct, &mut tiled.slice_mut(at..at + host.len()))?;
+            }
+            let rows: Vec<Vec<f32>> = host
+                .chunks(vocab)
+                .take(STAT_ROWS)
+                .map(<[f32]>::to_vec)
+                .collect();
+            inputs.push((name, rows, tiled));
+        }
+        for (top_k, top_p) in TRUNCATIONS {
+            let params = TruncParams::upload(
+                &stream,
+                &[top_k; MAX_BATCH],
+                &[top_p; MAX_BATCH],
+                &[0.0; MAX_BATCH],
+                &[TEMPERATURE; MAX_BATCH],
+                &(0..MAX_BATCH as u64).collect::<Vec<_>>(),
+                &[0; MAX_BATCH],
+            )?;
+            let mut kept: CudaSlice<u32> = stream.alloc_zeros(MAX_BATCH)?;
+            let mut out = SampleOutput::new(&stream, MAX_BATCH)?;
+            for (name, rows, tiled) in &inputs {
+                for batch in BATCHES {
+                    let shape = Rows::contiguous(batch, vocab);
+                    let src = tiled.slice(..batch * vocab);
+                    let floor = (batch * vocab * 4) as f64 / read_bw * 1e6;
+                    let mask_floor = 2.0 * floor;
+                    let target = if batch == 1 {
+                        15.0
+                    } else {
+                        1.5 * mask_floor + 5.0
+                    };
+                    let t_mask = pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                        dev.top_k_top_p_mask_logits(&stream, logits, shape, &params, &mut kept, ws)
+                    })?;
+                    let t_sample = pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                        dev.sample_top_k_top_p(
+                            &stream,
+                            &logits.as_view(),
+                            shape,
+                            &params,
+                            &mut out,
+                            ws,
+                        )
+                    })?;
+                    let ok = t_mask <= target;
+                    failures += usize::from(!ok);
+                    let case = format!("f32 B={batch} V={vocab} k={top_k} p={top_p} {name}");
+                    writeln!(
+                        table,
+                        "| top_k_top_p_mask_logits {case} | {mask_floor:.1} | {t_mask:.1} | {:.2} | {target:.1} | {} |",
+                        t_mask / mask_floor,
+                        if ok { "yes" } else { "NO" }
+                    )
+                    .ok();
+                    writeln!(
+                        table,
+                        "| sample_top_k_top_p {case} | {floor:.1} | {t_sample:.1} | {:.2} | - | - |",
+                        t_sample / floor
+                    )
+                    .ok();
+                    println!(
+                        "{case}: mask {t_mask:.1} us (floor {mask_floor:.1}), sample {t_sample:.1} us (floor {floor:.1})"
+                    );
+                }
+                // `kept` holds the last mask call's counts, at MAX_BATCH.
+                let gpu_kept = stream.clone_dtoh(&kept.slice(..rows.len()))?;
+                let p = pivot::RowParams {
+                    top_k,
+                    top_p,
+                    min_p: 0.0,
+                    temperature: TEMPERATURE,
+                    prefilter: true,
+                };
+                writeln!(
+                    stats,
+                    "| {vocab} | {name} | {top_k} | {top_p} | {}",
+                    stats_line(rows, &p, &gpu_kept)
+                )
+                .ok();
+            }
+        }
+    }
+    harness::report(&format!(
+        "{table}\nSelection statistics (portable driver, first {STAT_ROWS} rows of each input):\n\n{stats}"
+    ))?;
+    if failures > 0 {
+        println!("{failures} masking case(s) above target");
+    }
+    Ok(())
+}
