@@ -2,11 +2,11 @@
 //! GPU (Qrita pivot search, issue 4): masking in place and sampling from
 //! the truncated distribution.
 //!
-//! First version: one thread block per row, every pivot round re-reading
-//! the row from global memory. Several blocks per row for small batches and
-//! compaction of the pre-filter survivors into shared memory are the next
-//! steps; the results will not change (a row's kept set is a function of the
-//! row and its parameters only).
+//! One thread block per row: two passes over the row (statistics, then the
+//! pre-filter tiers while compacting the survivors into shared memory),
+//! the pivot rounds over the compacted candidates (over the row when they
+//! do not fit), and the masking pass. Several blocks per row for small
+//! batches are the next step.
 
 use std::sync::Arc;
 
@@ -14,16 +14,12 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
 };
-use flashsample_kernels::params::ROW_THREADS;
+use flashsample_kernels::params::{ROW_THREADS, TOPK_TOPP_SMEM_BYTES};
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
-
-/// Dynamic shared memory of the `topk_topp_*` kernels (the kernels crate's
-/// `TOPK_TOPP_SMEM_BYTES`, which exists only in the device build).
-const TOPK_TOPP_SMEM_BYTES: u32 = 1024;
 
 /// Per-row truncation parameters in device memory (so that a captured CUDA
 /// graph reads the current values at each replay). Truncation order
@@ -246,6 +242,18 @@ impl Device {
     }
 }
 
+/// Raises the dynamic shared memory limit of the `topk_topp_*` kernels
+/// (their candidate list needs more than the default 48 KiB).
+pub(crate) fn configure(
+    mask: &cudarc::driver::CudaFunction,
+    sample: &cudarc::driver::CudaFunction,
+) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+    mask.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
+    sample.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +263,6 @@ mod tests {
         let c = row_per_block(&Rows::contiguous(7, 151_936));
         assert_eq!(c.grid_dim, (7, 1, 1));
         assert_eq!(c.block_dim, (ROW_THREADS, 1, 1));
-        assert_eq!(c.shared_mem_bytes, 1024);
+        assert_eq!(c.shared_mem_bytes, TOPK_TOPP_SMEM_BYTES);
     }
 }

@@ -78,6 +78,37 @@ pub fn shfl_idx_u32(x: u32, src: u32) -> u32 {
     r
 }
 
+/// `vote.sync.ballot.b32` over the full warp: bit `i` set iff lane `i`'s
+/// `pred` is true; every lane must execute it (not `pure`, see
+/// [`shfl_bfly_u32`]).
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: register-only instruction; all 32 lanes participate.
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+             r = out(reg32) r, x = in(reg32) u32::from(pred), options(nostack))
+    };
+    r
+}
+
+/// `ld.global.v4.u32`: a 16-byte load through the coherent path (for data
+/// the kernel may write later, where `.nc` is not allowed).
+///
+/// # Safety
+/// `p` is a 16-byte aligned global address of 16 readable bytes.
+#[inline(always)]
+pub unsafe fn ld_global_v4_u32(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg64) p, options(readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
 /// `lg2.approx.ftz.f32`: base-2 logarithm, maximum relative error 2^-22
 /// for normal inputs (PTX ISA); only used to filter candidates.
 #[inline(always)]

@@ -79,3 +79,13 @@ pub const fn fused_stage_bytes(block_b: u32) -> u32 {
 pub const fn fused_smem_bytes(block_b: u32) -> u32 {
     FUSED_STAGES * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
 }
+
+/// Candidates of the top-k/top-p kernels (`topk_topp_*`) compacted into
+/// shared memory after the pre-filter: per warp of [`ROW_THREADS`], a
+/// segment of this many (key, index) pairs.
+pub const TOPK_TOPP_SEGMENT: u32 = 2048;
+
+/// Dynamic shared memory of the `topk_topp_*` kernels: 1 KiB of reduction
+/// slots, the candidate segments (8 bytes a candidate) and one count per
+/// warp.
+pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + (ROW_THREADS / 32) * TOPK_TOPP_SEGMENT * 8 + 64;

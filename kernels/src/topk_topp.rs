@@ -39,7 +39,7 @@
 use crate::arch;
 use crate::block;
 use crate::noise;
-use crate::params::ROW_THREADS;
+use crate::params::{ROW_THREADS, TOPK_TOPP_SEGMENT, TOPK_TOPP_SMEM_BYTES};
 use crate::philox;
 use crate::pivot::{
     Cut, Found, Measure, Pivots, QuadAcc, QuadSearch, RowStats, TOP_P_SECOND_TIER_DROP, Weights,
@@ -51,15 +51,17 @@ use crate::radix::{f32_from_key, f32_key};
 /// Warps of a block.
 const WARPS: usize = (ROW_THREADS / 32) as usize;
 
-/// Dynamic shared memory of both kernels: one reduction slot per warp of
-/// the largest reduced type ([`QuadAcc<f64>`], 80 bytes), with room to
-/// spare.
-pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024;
+/// Bytes of reduction slots at the start of the dynamic shared memory: one
+/// slot per warp of the largest reduced type ([`QuadAcc<f64>`], 80 bytes).
+const REDUCE_BYTES: usize = 1024;
+/// Candidates per warp segment of the compacted list.
+const SEG: u32 = TOPK_TOPP_SEGMENT;
 
+const _: () = assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= REDUCE_BYTES);
+const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
+const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
 const _: () =
-    assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= TOPK_TOPP_SMEM_BYTES as usize);
-const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= TOPK_TOPP_SMEM_BYTES as usize);
-const _: () = assert!((WARPS + 1) * 8 <= TOPK_TOPP_SMEM_BYTES as usize);
+    assert!(REDUCE_BYTES + WARPS * SEG as usize * 8 + WARPS * 4 <= TOPK_TOPP_SMEM_BYTES as usize);
 
 // ---------------------------------------------------------------------------
 // Block reductions in a fixed order.
@@ -305,23 +307,157 @@ struct Row {
     n: u32,
 }
 
+/// Four f32 loaded by one 16-byte load.
+#[inline(always)]
+unsafe fn load4(p: *const f32) -> [f32; 4] {
+    // SAFETY: caller's contract (16-byte aligned, readable).
+    let v = unsafe { arch::ld_global_v4_u32(p as *const u32) };
+    [
+        f32::from_bits(v[0]),
+        f32::from_bits(v[1]),
+        f32::from_bits(v[2]),
+        f32::from_bits(v[3]),
+    ]
+}
+
 impl Row {
-    /// Calls `f(key, index, x)` on this thread's elements (`tid`,
-    /// `tid + ROW_THREADS`, ...).
+    /// Calls `f(valid, key, index, x)` on this thread's slots in rounds that
+    /// are uniform over the block (so `f` may use warp votes); `valid` is
+    /// false for the slots past the row's end. With a 16-byte aligned row
+    /// whose length is a multiple of 4, a thread's slots are 4 consecutive
+    /// elements per 16-byte load, two loads in flight; else one element
+    /// per round.
     ///
     /// # Safety
-    /// `ptr` holds `n` readable f32.
+    /// `ptr` holds `n` readable f32; every thread of the block calls it.
+    #[inline(always)]
+    unsafe fn scan(&self, mut f: impl FnMut(bool, u32, u32, f32)) {
+        let tid = arch::thread_idx_x();
+        let mut visit4 = |ok: bool, j: u32, q: [f32; 4]| {
+            f(ok, f32_key(q[0].to_bits()), j, q[0]);
+            f(ok, f32_key(q[1].to_bits()), j + 1, q[1]);
+            f(ok, f32_key(q[2].to_bits()), j + 2, q[2]);
+            f(ok, f32_key(q[3].to_bits()), j + 3, q[3]);
+        };
+        // SAFETY: every load is of an index below n (caller's contract).
+        unsafe {
+            if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
+                let nv = self.n / 4;
+                let mut base = 0u32;
+                while base < nv {
+                    let (v0, v1) = (base + tid, base + ROW_THREADS + tid);
+                    let none = [0.0f32; 4];
+                    let q0 = if v0 < nv {
+                        load4(self.ptr.add(4 * v0 as usize))
+                    } else {
+                        none
+                    };
+                    let q1 = if v1 < nv {
+                        load4(self.ptr.add(4 * v1 as usize))
+                    } else {
+                        none
+                    };
+                    visit4(v0 < nv, 4 * v0, q0);
+                    visit4(v1 < nv, 4 * v1, q1);
+                    base = match base.checked_add(2 * ROW_THREADS) {
+                        Some(b) => b,
+                        None => break,
+                    };
+                }
+            } else {
+                let mut base = 0u32;
+                while base < self.n {
+                    let j = base + tid;
+                    let ok = j < self.n;
+                    let x = if ok { *self.ptr.add(j as usize) } else { 0.0 };
+                    f(ok, f32_key(x.to_bits()), j, x);
+                    base = match base.checked_add(ROW_THREADS) {
+                        Some(b) => b,
+                        None => break,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The pre-filter's candidates compacted into shared memory: one segment
+/// of up to [`SEG`] (key, index) pairs per warp, in the warp's scan order,
+/// and the elements with `key >= floor` of them are the candidates.
+#[derive(Clone, Copy)]
+struct List {
+    keys: *mut u32,
+    idx: *mut u32,
+    counts: *mut u32,
+    floor: u32,
+}
+
+impl List {
+    /// The list's place in the dynamic shared memory `smem`.
+    #[inline(always)]
+    fn at(smem: *mut u8) -> List {
+        // SAFETY: offsets inside TOPK_TOPP_SMEM_BYTES (const asserts).
+        unsafe {
+            let keys = smem.add(REDUCE_BYTES) as *mut u32;
+            let idx = keys.add(WARPS * SEG as usize);
+            List {
+                keys,
+                idx,
+                counts: idx.add(WARPS * SEG as usize),
+                floor: 0,
+            }
+        }
+    }
+}
+
+/// Where the passes after the pre-filter read a row's elements: the
+/// compacted list when every candidate fits, else the row itself.
+#[derive(Clone, Copy)]
+struct Source {
+    row: Row,
+    list: Option<List>,
+}
+
+impl Source {
+    /// Calls `f(key, index, x)` on this thread's share of the elements: of
+    /// the list, those with `key >= floor` (`x` rebuilt from its key, which
+    /// is exact for every non-NaN value, and NaN never reaches the list);
+    /// else of the row.
+    ///
+    /// # Safety
+    /// As [`Row::scan`]; with a list, the compaction is complete and
+    /// visible to the block (a barrier since).
     #[inline(always)]
     unsafe fn for_each(&self, mut f: impl FnMut(u32, u32, f32)) {
-        let mut j = arch::thread_idx_x();
-        while j < self.n {
-            // SAFETY: j < n (caller's contract).
-            let x = unsafe { *self.ptr.add(j as usize) };
-            f(f32_key(x.to_bits()), j, x);
-            j = match j.checked_add(ROW_THREADS) {
-                Some(v) => v,
-                None => break,
-            };
+        // SAFETY: forwarded; list reads stay below each segment's count.
+        unsafe {
+            match self.list {
+                Some(l) => {
+                    let mut w = 0;
+                    while w < WARPS {
+                        let c = *l.counts.add(w);
+                        let seg = w * SEG as usize;
+                        let mut p = arch::thread_idx_x();
+                        while p < c {
+                            let key = *l.keys.add(seg + p as usize);
+                            if key >= l.floor {
+                                f(
+                                    key,
+                                    *l.idx.add(seg + p as usize),
+                                    f32::from_bits(f32_from_key(key)),
+                                );
+                            }
+                            p += ROW_THREADS;
+                        }
+                        w += 1;
+                    }
+                }
+                None => self.row.scan(|ok, key, i, x| {
+                    if ok {
+                        f(key, i, x)
+                    }
+                }),
+            }
         }
     }
 }
@@ -334,7 +470,7 @@ impl Row {
 /// As [`block_reduce`] and [`Row::for_each`].
 #[inline(always)]
 unsafe fn run_search<M: ShflMeasure>(
-    row: Row,
+    src: Source,
     mut search: QuadSearch<M>,
     key_of: impl Fn(u32, u32) -> u32,
     measure: impl Fn(f32) -> M,
@@ -348,7 +484,7 @@ unsafe fn run_search<M: ShflMeasure>(
         let pv: Pivots = p;
         // SAFETY: forwarded.
         unsafe {
-            row.for_each(|key, i, x| {
+            src.for_each(|key, i, x| {
                 if keep(key, i, x) {
                     acc.add(&pv, key_of(key, i), measure(x));
                 }
@@ -368,19 +504,19 @@ unsafe fn run_search<M: ShflMeasure>(
 /// As [`run_search`].
 #[inline(always)]
 unsafe fn tie_index(
-    row: Row,
+    src: Source,
     key: u32,
     take: u32,
     count: u32,
     keep: impl Fn(u32, u32, f32) -> bool,
     smem: *mut u8,
 ) -> u32 {
-    let lo = index_key(row.n.saturating_sub(1));
+    let lo = index_key(src.row.n.saturating_sub(1));
     let search = QuadSearch::<u32>::new(take, lo, u32::MAX, count, count, false);
     // SAFETY: forwarded.
     let found = unsafe {
         run_search(
-            row,
+            src,
             search,
             |_, i| index_key(i),
             |_| 1u32,
@@ -400,7 +536,7 @@ unsafe fn tie_index(
 /// As [`run_search`].
 #[inline(always)]
 unsafe fn tie_cut(
-    row: Row,
+    src: Source,
     key: u32,
     take: u32,
     count: u32,
@@ -414,7 +550,7 @@ unsafe fn tie_cut(
         return Cut { key, index_end: 0 };
     }
     // SAFETY: forwarded.
-    let ik = unsafe { tie_index(row, key, take, count, keep, smem) };
+    let ik = unsafe { tie_index(src, key, take, count, keep, smem) };
     Cut {
         key,
         index_end: (!ik).saturating_add(1),
@@ -444,7 +580,7 @@ struct Selected {
 /// # Safety
 /// As [`run_search`].
 #[inline(always)]
-unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
+unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) {
     let n = row.n;
     // SAFETY: the caller's contract covers every pass; all control flow
     // below depends only on block-reduced values, so it is uniform.
@@ -452,7 +588,11 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
         // Pass 1: statistics.
         let shift = RowStats::shift_of(if n > 0 { *row.ptr } else { 0.0 });
         let mut st = RowStats::EMPTY;
-        row.for_each(|_, _, x| st.add(x, shift));
+        row.scan(|ok, _, _, x| {
+            if ok {
+                st.add(x, shift)
+            }
+        });
         let stats = block_reduce(st, smem as *mut RowStats);
         let none = Selected {
             cut: Cut::NONE,
@@ -460,7 +600,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             valid: false,
         };
         if !stats.is_valid() {
-            return none;
+            return (none, Source { row, list: None });
         }
         let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
         let k = if greedy {
@@ -509,15 +649,34 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
         };
         let (t1, t2) = (threshold_key(delta1), threshold_key(delta2));
 
-        // Pass 2: min-p's survivors by tier.
+        // Pass 2: min-p's survivors by tier, and those of the first two
+        // tiers compacted into the list, each warp into its own segment in
+        // its scan order (ballots: no atomics, so the order and every later
+        // sum are the same on every launch).
         let mass_needed = topp && !topk;
         let mut tiers = Tiers {
             g1: Group::EMPTY,
             g2: Group::EMPTY,
             g3: Group::EMPTY,
         };
-        row.for_each(|key, _, x| {
-            if !w.min_p_keeps(x) {
+        let mut list = List::at(smem);
+        let lane = arch::thread_idx_x() % 32;
+        let warp = (arch::thread_idx_x() / 32) as usize;
+        let mut listed = 0u32;
+        row.scan(|ok, key, i, x| {
+            let keep = ok && w.min_p_keeps(x);
+            let put = keep && key >= t2;
+            let votes = arch::ballot(put);
+            if put {
+                let at = listed + (votes & ((1u32 << lane) - 1)).count_ones();
+                if at < SEG {
+                    let slot = warp * SEG as usize + at as usize;
+                    *list.keys.add(slot) = key;
+                    *list.idx.add(slot) = i;
+                }
+            }
+            listed = listed.saturating_add(votes.count_ones());
+            if !keep {
                 return;
             }
             let wx = if mass_needed {
@@ -533,6 +692,10 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             tiers.g2.add_if(tier == 1, key, wx);
             tiers.g3.add_if(tier == 2, key, wx);
         });
+        if lane == 0 {
+            *list.counts.add(warp) = listed;
+        }
+        // (The reduction's barriers publish the list and the counts.)
         let tiers = block_reduce(tiers, smem as *mut Tiers);
         let (s1, s2) = (tiers.g1, tiers.g1.join(tiers.g2));
         let all = s2.join(tiers.g3);
@@ -554,13 +717,26 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             (0, all)
         };
         let is_cand = move |key: u32, x: f32| key >= floor && w.min_p_keeps(x);
+        // The list holds every candidate when the floor is at least the
+        // second tier's threshold and no segment overflowed.
+        let mut fits = floor >= t2;
+        let mut v = 0;
+        while v < WARPS {
+            fits &= *list.counts.add(v) <= SEG;
+            v += 1;
+        }
+        list.floor = floor;
+        let src = Source {
+            row,
+            list: if fits { Some(list) } else { None },
+        };
 
         // Top-k.
         let mut cut = Cut::at_least(cand.min);
         if topk && cand.n > k {
             let search = QuadSearch::<u32>::new(k, cand.min, cand.max, cand.n, cand.n, true);
             let found = run_search(
-                row,
+                src,
                 search,
                 |key, _| key,
                 |_| 1u32,
@@ -570,7 +746,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             cut = match found {
                 Found::AtLeast(key) => Cut::at_least(key),
                 Found::Boundary { key, above, count } => tie_cut(
-                    row,
+                    src,
                     key,
                     k.saturating_sub(above),
                     count,
@@ -586,7 +762,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             let in_k = move |key: u32, i: u32, x: f32| is_cand(key, x) && kcut.keeps(key, i);
             let (count, mass) = if topk {
                 let mut g = Group::EMPTY;
-                row.for_each(|key, i, x| {
+                src.for_each(|key, i, x| {
                     if in_k(key, i, x) {
                         g.add(key, f64::from(w.weight(x)));
                     }
@@ -599,7 +775,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
             let target = f64::from(top_p) * if topk { mass } else { total_mass };
             let search = QuadSearch::<f64>::new(target, kcut.key, cand.max, count, mass, true);
             let found = run_search(
-                row,
+                src,
                 search,
                 |key, _| key,
                 |x| f64::from(w.weight(x)),
@@ -611,16 +787,19 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> Selected {
                 Found::Boundary { key, above, count } => {
                     let wk = w.weight(f32::from_bits(f32_from_key(key)));
                     let take = top_p_ties(above, wk, target, count);
-                    tie_cut(row, key, take, count, in_k, smem)
+                    tie_cut(src, key, take, count, in_k, smem)
                 }
             };
             cut = pcut.tighter(kcut);
         }
-        Selected {
-            cut,
-            weights: w,
-            valid: true,
-        }
+        (
+            Selected {
+                cut,
+                weights: w,
+                valid: true,
+            },
+            src,
+        )
     }
 }
 
@@ -679,25 +858,20 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
             n: vocab,
         };
         let params = read_params(r, top_k, top_p, min_p, temperature);
-        let sel = select(row, params, smem);
+        let (sel, _) = select(row, params, smem);
         // Every thread has finished reading the row (the last reduction in
         // `select` ends with a barrier); each now rewrites its own elements.
         let cut = sel.cut;
         let mut g = Group::EMPTY;
-        let mut j = arch::thread_idx_x();
-        while j < vocab {
-            let p = ptr.add(j as usize);
-            let x = *p;
-            if cut.keeps(f32_key(x.to_bits()), j) {
-                g.n += 1;
-            } else {
-                *p = f32::NEG_INFINITY;
+        row.scan(|ok, key, j, _| {
+            if ok {
+                if cut.keeps(key, j) {
+                    g.n += 1;
+                } else {
+                    *ptr.add(j as usize) = f32::NEG_INFINITY;
+                }
             }
-            j = match j.checked_add(ROW_THREADS) {
-                Some(v) => v,
-                None => break,
-            };
-        }
+        });
         let g = block_reduce(g, smem as *mut Group);
         if arch::thread_idx_x() == 0 {
             *kept.add(r) = g.n;
@@ -745,7 +919,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
             n: vocab,
         };
         let params = read_params(r, top_k, top_p, min_p, temperature);
-        let sel = select(row, params, smem);
+        let (sel, src) = select(row, params, smem);
         if !sel.valid {
             if tid == 0 {
                 *tokens.add(r) = 0;
@@ -758,7 +932,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
         let kept = move |key: u32, i: u32, _x: f32| cut.keeps(key, i);
         // The kept set's count, key range and mass.
         let mut g = Group::EMPTY;
-        row.for_each(|key, i, x| {
+        src.for_each(|key, i, x| {
             if kept(key, i, x) {
                 g.add(key, f64::from(w.weight(x)));
             }
@@ -775,7 +949,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
         // cumulative mass does.
         let search = QuadSearch::<f64>::new(target, g.min, g.max, g.n, g.mass, true);
         let found = run_search(
-            row,
+            src,
             search,
             |key, _| key,
             |x| f64::from(w.weight(x)),
@@ -794,7 +968,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
         let token = if take >= count {
             // The highest kept index with this key.
             let mut best = 0u64;
-            row.for_each(|k, i, x| {
+            src.for_each(|k, i, x| {
                 if k == key && kept(k, i, x) {
                     best = u64::from(i) + 1;
                 }
@@ -802,7 +976,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
             let b = block::block_max_u64(best, smem as *mut u64);
             b.saturating_sub(1) as u32
         } else {
-            !tie_index(row, key, take, count, kept, smem)
+            !tie_index(src, key, take, count, kept, smem)
         };
         if tid == 0 {
             *tokens.add(r) = if token < vocab { token } else { 0 };
