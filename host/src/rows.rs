@@ -150,7 +150,7 @@ impl RowParams {
 }
 
 /// Blocks of the sampling kernel a GPU keeps busy: 4 resident blocks of 256
-/// threads per multiprocessor (56 registers a thread).
+/// threads per multiprocessor (the kernels' launch bounds).
 const BLOCKS_PER_SM: usize = 4;
 /// Fewest elements worth a block of its own.
 const MIN_CHUNK: usize = 1024;
@@ -164,7 +164,9 @@ pub(crate) fn split_for_batch(rows: &Rows, sm_count: u32) -> RowSplit {
         .vocab
         .div_ceil(MIN_CHUNK)
         .clamp(1, ROW_THREADS as usize);
-    let ctas = target.div_ceil(rows.batch).clamp(1, max_ctas);
+    // Rounded down: one more block per row would spill the grid into a
+    // second wave (B = 32: 17 x 32 = 544 blocks for 528 slots).
+    let ctas = (target / rows.batch).clamp(1, max_ctas);
     make_split(rows, ctas)
 }
 
@@ -230,6 +232,14 @@ mod tests {
             split_for_batch(&Rows::contiguous(1024, 128_256), 132).ctas_per_row,
             1
         );
+        // Small batches fill one wave of resident blocks, never a second.
+        for batch in 1..=BLOCKS_PER_SM * 132 {
+            let s = split_for_batch(&Rows::contiguous(batch, 262_144), 132);
+            assert!(
+                batch * s.ctas_per_row as usize <= BLOCKS_PER_SM * 132,
+                "{batch}: {s:?}"
+            );
+        }
     }
 
     #[test]
