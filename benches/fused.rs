@@ -65,6 +65,9 @@ fn main() -> Result<()> {
         let h: CudaSlice<bf16> = stream.clone_htod(&random_bf16(&mut rng, 256 * dim, 1.0))?;
         let floor = (vocab * dim * 2) as f64 / read_bw * 1e6;
         for batch in [1usize, 8, 32, 64, 128, 256] {
+            if !harness::selected(&format!("fused bf16 B={batch} V={vocab} d={dim}")) {
+                continue;
+            }
             let shape = HeadShape::new(batch, vocab, dim);
             let hv = h.slice(..batch * dim);
             let params = RowParams::upload(

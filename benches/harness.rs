@@ -45,6 +45,13 @@ pub fn time_us(
     Ok(times[reps / 2])
 }
 
+/// Whether the case named `case` runs: every case, unless
+/// `FLASHSAMPLE_BENCH_ONLY` is set, then only those whose name contains it
+/// (for profiling one case, e.g. under Nsight Compute).
+pub fn selected(case: &str) -> bool {
+    std::env::var("FLASHSAMPLE_BENCH_ONLY").map_or(true, |only| case.contains(&only))
+}
+
 fn torch_refs() -> serde_free::Json {
     serde_free::Json::load(std::env::var("FLASHSAMPLE_TORCH_REF").ok())
 }

@@ -82,6 +82,9 @@ fn main() -> Result<()> {
     let mut failures = 0;
     for vocab in [128_256usize, 262_144] {
         for batch in [1usize, 32, 128, 1024] {
+            if !harness::selected(&format!("B={batch} V={vocab}")) {
+                continue;
+            }
             let rows = Rows::contiguous(batch, vocab);
             let bytes = batch * vocab * 4;
             let copies = (2 * L2_BYTES).div_ceil(bytes).clamp(1, 256);

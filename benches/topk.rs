@@ -221,6 +221,10 @@ fn main() -> Result<()> {
             let mut out = SampleOutput::new(&stream, MAX_BATCH)?;
             for (name, rows, tiled) in &inputs {
                 for batch in BATCHES {
+                    let case = format!("f32 B={batch} V={vocab} k={top_k} p={top_p} {name}");
+                    if !harness::selected(&case) {
+                        continue;
+                    }
                     let shape = Rows::contiguous(batch, vocab);
                     let src = tiled.slice(..batch * vocab);
                     let floor = (batch * vocab * 4) as f64 / read_bw * 1e6;
@@ -245,7 +249,6 @@ fn main() -> Result<()> {
                     })?;
                     let ok = t_mask <= target;
                     failures += usize::from(!ok);
-                    let case = format!("f32 B={batch} V={vocab} k={top_k} p={top_p} {name}");
                     writeln!(
                         table,
                         "| top_k_top_p_mask_logits {case} | {mask_floor:.1} | {t_mask:.1} | {:.2} | {target:.1} | {} |",
