@@ -6,6 +6,9 @@ mod ptx;
 
 use std::path::PathBuf;
 
+/// Restricts the embedded modules (see `main`).
+const PTX_ARCHES_ENV: &str = "FLASHSAMPLE_PTX_ARCHES";
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let root = manifest
@@ -30,7 +33,25 @@ fn main() {
     let mut table =
         String::from("/// (architecture, PTX module) for every embedded architecture.\n");
     table.push_str("pub const MODULES: &[(&str, &str)] = &[\n");
-    for arch in ptx::ARCHES {
+    // FLASHSAMPLE_PTX_ARCHES (comma-separated, e.g. `sm_90a`) embeds only
+    // those modules: the GPU bundle's executables carry the one its GPU
+    // runs, which keeps the bundle under the transfer limit.
+    println!("cargo:rerun-if-env-changed={PTX_ARCHES_ENV}");
+    let only = std::env::var(PTX_ARCHES_ENV).ok();
+    let arches: Vec<&ptx::Arch> = ptx::ARCHES
+        .iter()
+        .filter(|a| {
+            only.as_ref()
+                .is_none_or(|o| o.split(',').any(|n| n.trim() == a.name))
+        })
+        .collect();
+    if arches.is_empty() {
+        panic!(
+            "{PTX_ARCHES_ENV}={only:?} names none of {:?}",
+            ptx::ARCHES.iter().map(|a| a.name).collect::<Vec<_>>()
+        );
+    }
+    for arch in arches {
         let text = ptx::build(
             &cargo,
             &kernels,

@@ -195,6 +195,9 @@ mod tests {
         for (a, _) in ptx::MODULES {
             assert!(["sm_80", "sm_89", "sm_90", "sm_90a"].contains(a));
         }
-        assert_eq!(ptx::MODULES.len(), 4);
+        // All four unless the build was restricted (the GPU bundle's).
+        if option_env!("FLASHSAMPLE_PTX_ARCHES").is_none() {
+            assert_eq!(ptx::MODULES.len(), 4);
+        }
     }
 }

@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! run                              entry point (bash): ./run [tests] [sanitize] [bench]
-//! bin/<name>                       stripped release executables
-//! ptx/<arch>/flashsample_kernels.ptx
+//! bin/<name>                       stripped release executables, embedding
+//!                                  only the sm_90a module (the H200's;
+//!                                  `--arch` picks another)
+//! ptx/<arch>/flashsample_kernels.ptx   that module
 //! ptx/ptxas-report.txt             when ptxas was available
 //! scripts/*.py                     benches/*.py (same-run PyTorch references)
 //! kernels.txt                      the kernel entry points, one a line (the
@@ -46,7 +48,11 @@ struct Exe {
 const CPU_ONLY_TESTS: &[&str] = &["fuzz", "model", "reference"];
 
 pub fn main(args: &[String]) -> Result<(), String> {
-    let opts = Opts::parse(args, &["out"], &[])?;
+    let opts = Opts::parse(args, &["out", "arch"], &[])?;
+    let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
+    if !crate::ptx::ARCHES.iter().any(|a| a.name == arch) {
+        return Err(format!("unknown --arch {arch}"));
+    }
     let out = opts
         .last("out")
         .map(absolute)
@@ -60,11 +66,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         &["test", "--release", "-p", "flashsample", "--no-run"],
         Kind::Test,
         strip.is_none(),
+        &arch,
     )?;
     exes.extend(cargo_executables(
         &["bench", "-p", "flashsample", "--no-run"],
         Kind::Bench,
         strip.is_none(),
+        &arch,
     )?);
     // Tests that never touch a GPU run in CI; carrying them (the model
     // test holds candle) would push the bundle past the transfer limit.
@@ -116,7 +124,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
     }
 
-    copy_ptx(&ptx_out, &out.join("ptx"))?;
+    copy_ptx(&ptx_out, &arch, &out.join("ptx"))?;
     copy_scripts(&workspace_root().join("benches"), &out.join("scripts"))?;
     corpus_subset(&out.join("data"))?;
     if !report.is_empty() {
@@ -160,15 +168,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `cargo <args> --message-format=json-render-diagnostics` and returns
-/// the executables of its test-profile artifacts of `kind`.
+/// Runs `cargo <args> --message-format=json-render-diagnostics`, embedding
+/// only `arch`'s PTX module, and returns the executables of its
+/// test-profile artifacts of `kind`.
 fn cargo_executables(
     args: &[&str],
     kind: Kind,
     strip_in_profile: bool,
+    arch: &str,
 ) -> Result<Vec<Exe>, String> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(workspace_root())
+        .env("FLASHSAMPLE_PTX_ARCHES", arch)
         .args(args)
         .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped());
@@ -253,9 +264,9 @@ fn artifact(line: &str, kind: Kind) -> Result<Option<Exe>, String> {
     }))
 }
 
-/// Copies `<from>/<arch>/*.ptx` to `<to>/<arch>/`.
-fn copy_ptx(from: &Path, to: &Path) -> Result<(), String> {
-    for arch in crate::ptx::ARCHES {
+/// Copies `<from>/<arch>/*.ptx` to `<to>/<arch>/` for the embedded `arch`.
+fn copy_ptx(from: &Path, only: &str, to: &Path) -> Result<(), String> {
+    for arch in crate::ptx::ARCHES.iter().filter(|a| a.name == only) {
         let src = from.join(arch.name).join(build_ptx::PTX_FILE);
         let dir = to.join(arch.name);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
