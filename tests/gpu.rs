@@ -962,56 +962,6 @@ fn sanitize_fused_paths() {
     coverage.report(TEST);
 }
 
-/// Captures `launch` once into a CUDA graph and replays it: the same
-/// offsets reproduce the tokens bit for bit, advanced offsets (written into
-/// `params.offset` between replays, as an engine does) give the tokens of a
-/// direct call with those offsets. `tokens` reads the call's output.
-fn check_graph_replays(
-    stream: &Arc<CudaStream>,
-    params: &mut RowParams,
-    base: &[u64],
-    mut launch: impl FnMut(&RowParams),
-    tokens: impl Fn() -> Vec<u32>,
-) {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let shifted: Vec<u64> = base.iter().map(|o| o + 1).collect();
-    stream.memcpy_htod(&shifted, &mut params.offset).unwrap();
-    launch(params);
-    let direct_shifted = tokens();
-    stream.memcpy_htod(base, &mut params.offset).unwrap();
-    launch(params); // also sizes the workspace, so that capture allocates nothing
-    let direct = tokens();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .unwrap();
-    launch(params);
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-        .unwrap()
-        .expect("the capture recorded the launches");
-    let mut replay = |offs: &[u64]| {
-        stream.memcpy_htod(offs, &mut params.offset).unwrap();
-        graph.launch().unwrap();
-        tokens()
-    };
-    let first = replay(base);
-    assert_eq!(first, direct, "the replay differs from the direct call");
-    assert_eq!(
-        replay(base),
-        first,
-        "a replay with the same offsets changed the tokens"
-    );
-    assert_eq!(
-        replay(&shifted),
-        direct_shifted,
-        "a replay with advanced offsets differs from a direct call"
-    );
-    assert_ne!(
-        direct, direct_shifted,
-        "advancing the offsets changed no token"
-    );
-}
-
 #[test]
 fn samplers_replay_from_cuda_graphs() {
     use std::cell::RefCell;
@@ -1027,9 +977,10 @@ fn samplers_replay_from_cuda_graphs() {
         b.temperature.iter_mut().for_each(|t| *t = 1.0);
         let logits = stream.clone_htod(&b.logits).unwrap();
         let out = RefCell::new(SampleOutput::new(&stream, batch).unwrap());
-        check_graph_replays(
+        common::check_graph_replays(
             &stream,
             &mut b.params(&stream),
+            |p| &mut p.offset,
             &b.offset,
             |p| {
                 dev.sampling_from_logits(
@@ -1050,9 +1001,10 @@ fn samplers_replay_from_cuda_graphs() {
     let hidden = stream.clone_htod(&to_bf16(&head.hidden)).unwrap();
     let weight = stream.clone_htod(&to_bf16(&head.weight)).unwrap();
     let out = RefCell::new(flashsample::FusedOutput::new(&stream, 20).unwrap());
-    check_graph_replays(
+    common::check_graph_replays(
         &stream,
         &mut RowParams::upload(&stream, &head.temperature, &head.seed, &head.offset).unwrap(),
+        |p| &mut p.offset,
         &head.offset,
         |p| {
             let (h, w) = (hidden.as_view(), weight.as_view());

@@ -95,6 +95,40 @@ impl Batch {
         }
     }
 
+    /// Rows that keep many tokens under every truncation, so that a new
+    /// offset changes some draws: logits uniform in [0, 4), temperature 1,
+    /// top-k, top-p and min-p alone and together.
+    fn broad(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
+        const TRUNC: [(u32, f32, f32); 4] = [
+            (50, 1.0, 0.0),
+            (0, 0.9, 0.0),
+            (0, 1.0, 0.05),
+            (1000, 0.9, 0.05),
+        ];
+        let logits = (0..batch * vocab)
+            .map(|_| rng.random_range(0.0f32..4.0))
+            .collect();
+        let params = (0..batch)
+            .map(|r| {
+                let (top_k, top_p, min_p) = TRUNC[r % TRUNC.len()];
+                SamplingParams {
+                    temperature: 1.0,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: rng.random(),
+                    offset: rng.random_range(0..1 << 40),
+                }
+            })
+            .collect();
+        Batch {
+            rows: Rows::contiguous(batch, vocab),
+            logits,
+            params,
+            what: vec!["uniform"; batch],
+        }
+    }
+
     fn row(&self, r: usize) -> &[f32] {
         &self.logits[r * self.rows.vocab..(r + 1) * self.rows.vocab]
     }
@@ -570,6 +604,144 @@ fn topk_bad_arguments_are_rejected() {
             .is_ok()
     );
     stream.synchronize().unwrap();
+}
+
+/// `sample_top_k_top_p` and `top_k_top_p_mask_logits`, each captured once
+/// into a CUDA graph and replayed, with a few rows (B = 3) and many
+/// (B = 600). Sampling: the same offsets reproduce the tokens bit for bit,
+/// advanced offsets give new draws, those of a direct call. Masking works
+/// in place, so the graph restores its input itself (a device-to-device
+/// copy from a pristine buffer, captured before the mask, as the forward
+/// pass rewrites the logits in an engine's graph): every replay, over
+/// poisoned logits and kept counts, gives the direct call's masked logits
+/// bit for bit and its kept counts.
+#[test]
+fn topk_samplers_replay_from_cuda_graphs() {
+    use std::cell::RefCell;
+    const TEST: &str = "topk_samplers_replay_from_cuda_graphs";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let ws = RefCell::new(Workspace::new(&stream).unwrap());
+    for batch in [3usize, 600] {
+        let b = Batch::broad(&mut rng, batch, 32_000);
+        let logits = stream.clone_htod(&b.logits).unwrap();
+        let out = RefCell::new(SampleOutput::new(&stream, batch).unwrap());
+        let base: Vec<u64> = b.params.iter().map(|p| p.offset).collect();
+        common::check_graph_replays(
+            &stream,
+            &mut b.upload(&stream),
+            |p| &mut p.row.offset,
+            &base,
+            |p| {
+                dev.sample_top_k_top_p(
+                    &stream,
+                    &logits.as_view(),
+                    b.rows,
+                    p,
+                    &mut out.borrow_mut(),
+                    &mut ws.borrow_mut(),
+                )
+                .unwrap()
+            },
+            || stream.clone_dtoh(&out.borrow().tokens).unwrap(),
+        );
+
+        let b = Batch::random(&mut rng, batch, 32_000);
+        let params = b.upload(&stream);
+        let (direct, direct_kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws.borrow_mut());
+        let pristine = stream.clone_htod(&b.logits).unwrap();
+        let mut work = stream.alloc_zeros::<f32>(b.logits.len()).unwrap();
+        let mut kept = stream.alloc_zeros::<u32>(batch).unwrap();
+        let graph = common::capture_graph(&stream, || {
+            stream.memcpy_dtod(&pristine, &mut work).unwrap();
+            dev.top_k_top_p_mask_logits(
+                &stream,
+                &mut work.as_view_mut(),
+                b.rows,
+                &params,
+                &mut kept,
+                &mut ws.borrow_mut(),
+            )
+            .unwrap();
+        });
+        let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let poison = vec![f32::NAN; b.logits.len()];
+        for replay in 0..3 {
+            stream.memcpy_htod(&poison, &mut work).unwrap();
+            stream
+                .memcpy_htod(&vec![u32::MAX; batch], &mut kept)
+                .unwrap();
+            graph.launch().unwrap();
+            assert!(
+                bits(&stream.clone_dtoh(&work).unwrap()) == bits(&direct),
+                "B={batch}: mask replay {replay} differs from the direct call"
+            );
+            assert_eq!(
+                stream.clone_dtoh(&kept).unwrap(),
+                direct_kept,
+                "B={batch}: mask replay {replay} changed the kept counts"
+            );
+        }
+    }
+}
+
+/// Both Qrita samplers called from four host threads on four streams at
+/// once (each with its own workspace), twenty times each, give the per-row
+/// results of serial calls: the same tokens, the same masked logits bit for
+/// bit, the same kept counts.
+#[test]
+fn topk_concurrent_calls_on_several_streams_agree_with_serial_calls() {
+    const TEST: &str = "topk_concurrent_calls_on_several_streams_agree_with_serial_calls";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let batches: Vec<Batch> = [1, 7, 64, 300]
+        .into_iter()
+        .map(|batch| Batch::random(&mut rng, batch, 32_000))
+        .collect();
+    // (tokens, masked logits' bits, kept counts)
+    let both = |stream: &Arc<CudaStream>, b: &Batch, params: &TruncParams, ws: &mut Workspace| {
+        let tokens = sample_on_gpu(&dev, stream, b, params, ws);
+        let (masked, kept) = mask_on_gpu(&dev, stream, b, params, ws);
+        let masked: Vec<u32> = masked.iter().map(|x| x.to_bits()).collect();
+        (tokens, masked, kept)
+    };
+    let mut ws = Workspace::new(&stream).unwrap();
+    let serial: Vec<_> = batches
+        .iter()
+        .map(|b| both(&stream, b, &b.upload(&stream), &mut ws))
+        .collect();
+    let concurrent: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = batches
+            .iter()
+            .map(|b| {
+                let (dev, both) = (&dev, &both);
+                s.spawn(move || {
+                    let stream = dev.new_stream().unwrap();
+                    let mut ws = Workspace::new(&stream).unwrap();
+                    let params = b.upload(&stream);
+                    let first = both(&stream, b, &params, &mut ws);
+                    for _ in 1..20 {
+                        assert!(
+                            both(&stream, b, &params, &mut ws) == first,
+                            "repeated calls on one stream disagree"
+                        );
+                    }
+                    first
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((b, s), c) in batches.iter().zip(&serial).zip(&concurrent) {
+        let n = b.rows.batch;
+        assert_eq!(s.0, c.0, "B={n}: concurrent calls changed tokens");
+        assert!(s.1 == c.1, "B={n}: concurrent calls changed masked logits");
+        assert_eq!(s.2, c.2, "B={n}: concurrent calls changed kept counts");
+    }
 }
 
 /// The CPU driver `pivot::select_row` (the algorithm the kernels run, pass

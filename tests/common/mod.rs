@@ -1,12 +1,14 @@
 //! Test and bench support: the GPU gate, logits generators, mismatch
-//! reports, the kernel coverage of the sanitize tests.
+//! reports, the kernel coverage of the sanitize tests, the CUDA-graph
+//! replay check.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use flashsample::Device;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -197,4 +199,63 @@ impl Coverage {
             self.cases
         );
     }
+}
+
+/// Captures `launch` once into a CUDA graph on `stream` and instantiates
+/// it. Every buffer `launch` uses must exist and every workspace be sized
+/// beforehand (a direct call does that), so that the capture allocates
+/// nothing.
+pub fn capture_graph(stream: &Arc<CudaStream>, launch: impl FnOnce()) -> CudaGraph {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    launch();
+    stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap()
+        .expect("the capture recorded the launches")
+}
+
+/// Captures `launch` once into a CUDA graph and replays it: the same
+/// offsets reproduce the tokens bit for bit, advanced offsets (written into
+/// the device buffer `offset(params)` between replays, as an engine does)
+/// give the tokens of a direct call with those offsets. `tokens` reads the
+/// call's output.
+pub fn check_graph_replays<P>(
+    stream: &Arc<CudaStream>,
+    params: &mut P,
+    offset: impl Fn(&mut P) -> &mut CudaSlice<u64>,
+    base: &[u64],
+    mut launch: impl FnMut(&P),
+    tokens: impl Fn() -> Vec<u32>,
+) {
+    let shifted: Vec<u64> = base.iter().map(|o| o + 1).collect();
+    stream.memcpy_htod(&shifted, offset(params)).unwrap();
+    launch(params);
+    let direct_shifted = tokens();
+    stream.memcpy_htod(base, offset(params)).unwrap();
+    launch(params); // also sizes the workspace, so that capture allocates nothing
+    let direct = tokens();
+    let graph = capture_graph(stream, || launch(params));
+    let mut replay = |offs: &[u64]| {
+        stream.memcpy_htod(offs, offset(params)).unwrap();
+        graph.launch().unwrap();
+        tokens()
+    };
+    let first = replay(base);
+    assert_eq!(first, direct, "the replay differs from the direct call");
+    assert_eq!(
+        replay(base),
+        first,
+        "a replay with the same offsets changed the tokens"
+    );
+    assert_eq!(
+        replay(&shifted),
+        direct_shifted,
+        "a replay with advanced offsets differs from a direct call"
+    );
+    assert_ne!(
+        direct, direct_shifted,
+        "advancing the offsets changed no token"
+    );
 }
