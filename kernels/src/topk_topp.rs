@@ -969,7 +969,9 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
             // The highest kept index with this key.
             let mut best = 0u64;
             src.for_each(|k, i, x| {
-                if k == key && kept(k, i, x) {
+                // A maximum, not the last seen: the list visits a thread's
+                // elements out of index order.
+                if k == key && kept(k, i, x) && u64::from(i) + 1 > best {
                     best = u64::from(i) + 1;
                 }
             });
