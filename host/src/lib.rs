@@ -14,6 +14,7 @@ mod backend;
 mod device;
 mod error;
 mod fused_lm_head;
+mod radix_topk;
 mod rows;
 mod sampling;
 mod topk_topp;
@@ -30,6 +31,9 @@ pub use backend::Backend;
 pub use device::{Device, arch_for, driver_present};
 pub use error::{Error, Result};
 pub use fused_lm_head::{FusedOutput, HeadElem, HeadShape};
+pub use radix_topk::{
+    MAX_CLUSTER, RadixCaps, RadixWorkspace, Route, Slab, TopKTopPParams, plan_route,
+};
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
 pub use topk_topp::TruncParams;

@@ -1193,3 +1193,328 @@ pub fn fused_tokens_agree(
         ))
     }
 }
+
+// ---------------------------------------------------------------------------
+// Probability samplers: top-k, then top-p on the top-k mass, then one draw
+// (`top_k_first`, issue 5). The oracle of `Device::top_k_to_slab` and
+// `Device::top_k_top_p_sampling_from_probs`, and their CPU backend.
+// ---------------------------------------------------------------------------
+
+/// The weight of a probability in the probability samplers: finite
+/// positive values count as themselves, NaN, negative values, +-0 and +inf
+/// as 0 (rows need not be normalised).
+///
+/// ```
+/// use flashsample::reference::prob_weight;
+///
+/// assert_eq!(prob_weight(0.25), 0.25);
+/// for bad in [f32::NAN, -0.5, -0.0, f32::INFINITY] {
+///     assert_eq!(prob_weight(bad), 0.0);
+/// }
+/// ```
+pub fn prob_weight(x: f32) -> f64 {
+    if x > 0.0 && x.is_finite() {
+        f64::from(x)
+    } else {
+        0.0
+    }
+}
+
+/// A probability row after top-k and top-p: its kept set is
+/// `order[..kept]`, of the top-k `order[..k]`; `kept = 0` when the top-k
+/// has no positive mass.
+struct ProbsCut {
+    order: Vec<u32>,
+    weights: Vec<f64>,
+    k: usize,
+    kept: usize,
+}
+
+impl ProbsCut {
+    fn new(row: &[f32], top_k: u32, top_p: f32) -> Result<ProbsCut, ReferenceError> {
+        check_vocab(row.len())?;
+        if top_k == 0 {
+            return Err(ReferenceError::InvalidParam {
+                name: "top_k",
+                value: 0.0,
+            });
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ReferenceError::InvalidParam {
+                name: "top_p",
+                value: top_p.into(),
+            });
+        }
+        let weights: Vec<f64> = row.iter().map(|&x| prob_weight(x)).collect();
+        let mut order: Vec<u32> = (0..row.len() as u32).collect();
+        order.sort_by(|&a, &b| {
+            weights[b as usize]
+                .total_cmp(&weights[a as usize])
+                .then(a.cmp(&b))
+        });
+        let k = (top_k as usize).min(row.len());
+        let mass: f64 = order[..k].iter().map(|&j| weights[j as usize]).sum();
+        let kept = if mass > 0.0 {
+            top_p_len(&order[..k], &weights, top_p, 1.0)
+        } else {
+            0
+        };
+        Ok(ProbsCut {
+            order,
+            weights,
+            k,
+            kept,
+        })
+    }
+
+    /// The kept-set sizes top-p could produce with its threshold within
+    /// `1 +- TOP_P_BOUNDARY_REL` of its value.
+    fn top_p_range(&self, top_p: f32) -> (usize, usize) {
+        if self.kept == 0 {
+            return (0, 0);
+        }
+        let prefix = &self.order[..self.k];
+        let len = |scale| top_p_len(prefix, &self.weights, top_p, scale);
+        (len(1.0 - TOP_P_BOUNDARY_REL), len(1.0 + TOP_P_BOUNDARY_REL))
+    }
+
+    /// Cumulative kept mass before and after each kept entry, over the
+    /// kept mass (summed in the total order).
+    fn window(&self, position: usize) -> (f64, f64) {
+        let w: Vec<f64> = self.order[..self.kept]
+            .iter()
+            .map(|&j| self.weights[j as usize])
+            .collect();
+        let mass: f64 = w.iter().sum();
+        let before: f64 = w[..position].iter().sum();
+        (before / mass, (before + w[position]) / mass)
+    }
+}
+
+/// The top-k of a probability row: the first `min(top_k, V)` indices in
+/// the total order of [`prob_weight`] (descending, ties and zeros by lower
+/// index): the set `Device::top_k_to_slab` writes, in its order. Rejects
+/// `top_k = 0` and empty or oversized rows.
+///
+/// ```
+/// use flashsample::reference::probs_top_k;
+///
+/// let row = [0.1f32, f32::NAN, 0.3, 0.3, -1.0];
+/// assert_eq!(probs_top_k(&row, 3)?, vec![2, 3, 0]);
+/// assert_eq!(probs_top_k(&row, 5)?, vec![2, 3, 0, 1, 4]);
+/// # Ok::<(), flashsample::reference::ReferenceError>(())
+/// ```
+pub fn probs_top_k(row: &[f32], top_k: u32) -> Result<Vec<u32>, ReferenceError> {
+    let cut = ProbsCut::new(row, top_k, 1.0)?;
+    Ok(cut.order[..cut.k].to_vec())
+}
+
+/// The kept set of a probability row, in the total order: the top-k, then
+/// the shortest prefix of it whose exclusive mass is below `top_p *
+/// topk_mass` (float64 sums in order; `top_p = 1` keeps the whole top-k).
+/// Empty when the top-k has no positive mass.
+///
+/// ```
+/// use flashsample::reference::probs_kept_set;
+///
+/// let row = [0.5f32, 0.25, 0.125, 0.125];
+/// // Exclusive masses 0, 0.5, 0.75, 0.875: top-p 0.75 keeps two.
+/// assert_eq!(probs_kept_set(&row, 4, 0.75)?, vec![0, 1]);
+/// assert_eq!(probs_kept_set(&row, 3, 0.75)?, vec![0, 1]);
+/// assert!(probs_kept_set(&[0.0f32, f32::NAN], 2, 0.9)?.is_empty());
+/// # Ok::<(), flashsample::reference::ReferenceError>(())
+/// ```
+pub fn probs_kept_set(row: &[f32], top_k: u32, top_p: f32) -> Result<Vec<u32>, ReferenceError> {
+    let cut = ProbsCut::new(row, top_k, top_p)?;
+    Ok(cut.order[..cut.kept].to_vec())
+}
+
+/// One token of a probability row by inverse CDF over its kept set
+/// ([`probs_kept_set`]): `u = uniform_open(row_uniform_bits(seed_key(seed),
+/// offset, 0))` (the Qrita sampler's uniform), and the first kept token
+/// whose cumulative renormalised mass (float64, in the total order)
+/// exceeds `u`. `None` when the top-k has no positive mass.
+pub fn sample_probs_top_k_top_p(
+    row: &[f32],
+    top_k: u32,
+    top_p: f32,
+    seed: u64,
+    offset: u64,
+) -> Result<Option<u32>, ReferenceError> {
+    let cut = ProbsCut::new(row, top_k, top_p)?;
+    if cut.kept == 0 {
+        return Ok(None);
+    }
+    let u = f64::from(uniform_open(row_uniform_bits(seed_key(seed), offset, 0)));
+    let kept = &cut.order[..cut.kept];
+    let mass: f64 = kept.iter().map(|&j| cut.weights[j as usize]).sum();
+    let mut cumulative = 0.0;
+    for &j in kept {
+        cumulative += cut.weights[j as usize] / mass;
+        if cumulative > u {
+            return Ok(Some(j));
+        }
+    }
+    // Rounding left the sum at or below u: the last kept token with mass.
+    Ok(kept
+        .iter()
+        .rev()
+        .find(|&&j| cut.weights[j as usize] > 0.0)
+        .copied())
+}
+
+/// Whether a probability row's top-p cut is near its boundary: whether it
+/// changes when the threshold moves by [`TOP_P_BOUNDARY_REL`] (relative)
+/// either way. Only there may a GPU kept set differ from
+/// [`probs_kept_set`].
+pub fn probs_top_p_near_boundary(
+    row: &[f32],
+    top_k: u32,
+    top_p: f32,
+) -> Result<bool, ReferenceError> {
+    let cut = ProbsCut::new(row, top_k, top_p)?;
+    Ok(cut.top_p_range(top_p) != (cut.kept, cut.kept))
+}
+
+/// Checks a GPU token of a probability sampler (`None`: the GPU reported
+/// the row invalid) against [`sample_probs_top_k_top_p`]. Accepted: the
+/// reference token; or, when the top-p cut is near its boundary, any token
+/// a threshold within `1 +- TOP_P_BOUNDARY_REL` keeps; or a kept token whose
+/// cumulative window `[before, after]` (renormalised, float64) reaches `u`
+/// within `1e-9` (the GPU sums exact integer masses, within `2^-53` of the
+/// row's largest value each). Never accepted: a token outside every such
+/// kept set, or a validity difference.
+pub fn probs_draw_agrees(
+    row: &[f32],
+    top_k: u32,
+    top_p: f32,
+    seed: u64,
+    offset: u64,
+    gpu: Option<u32>,
+) -> Result<(), String> {
+    let want =
+        sample_probs_top_k_top_p(row, top_k, top_p, seed, offset).map_err(|e| e.to_string())?;
+    let (g, w) = match (gpu, want) {
+        (None, None) => return Ok(()),
+        (Some(g), Some(w)) if g == w => return Ok(()),
+        (Some(g), Some(w)) => (g, w),
+        (g, w) => return Err(format!("GPU token {g:?}, reference {w:?} (None: invalid)")),
+    };
+    let cut = ProbsCut::new(row, top_k, top_p).map_err(|e| e.to_string())?;
+    let (_, widest) = cut.top_p_range(top_p);
+    let Some(pos) = cut.order[..widest.max(cut.kept)]
+        .iter()
+        .position(|&j| j == g)
+    else {
+        return Err(format!(
+            "GPU token {g} is outside the kept set (reference {w}, {} kept)",
+            cut.kept
+        ));
+    };
+    if cut.top_p_range(top_p) != (cut.kept, cut.kept) {
+        return Ok(());
+    }
+    let u = f64::from(uniform_open(row_uniform_bits(seed_key(seed), offset, 0)));
+    let (before, after) = cut.window(pos);
+    let eps = 1e-9;
+    if before <= u + eps && after >= u - eps && cut.weights[g as usize] > 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "GPU token {g} (cumulative {before:.12}..{after:.12}), reference {w}, u = {u:.12}"
+        ))
+    }
+}
+
+/// [`sample_probs_top_k_top_p`] of every row of a row-major `[batch, vocab]`
+/// buffer with per-row `top_k`, `top_p`, seed and offset (the arguments of
+/// `Device::top_k_top_p_sampling_from_probs`): the CPU backend.
+///
+/// ```
+/// use flashsample::reference::sample_probs_top_k_top_p_batch;
+///
+/// let probs = [0.7f32, 0.2, 0.1, 0.0, 0.0, f32::NAN];
+/// let t = sample_probs_top_k_top_p_batch(&probs, 3, &[1, 3], &[1.0, 0.5], &[5, 5], &[0, 0])?;
+/// assert_eq!(t, vec![Some(0), None]);
+/// # Ok::<(), flashsample::reference::ReferenceError>(())
+/// ```
+pub fn sample_probs_top_k_top_p_batch(
+    probs: &[f32],
+    vocab: usize,
+    top_k: &[u32],
+    top_p: &[f32],
+    seed: &[u64],
+    offset: &[u64],
+) -> Result<Vec<Option<u32>>, ReferenceError> {
+    let batch = top_k.len();
+    for (what, len) in [
+        ("top_p", top_p.len()),
+        ("seed", seed.len()),
+        ("offset", offset.len()),
+    ] {
+        if len != batch {
+            return Err(ReferenceError::Shape {
+                what,
+                expected: batch,
+                got: len,
+            });
+        }
+    }
+    rows(probs, vocab, batch)?
+        .enumerate()
+        .map(|(r, row)| sample_probs_top_k_top_p(row, top_k[r], top_p[r], seed[r], offset[r]))
+        .collect()
+}
+
+#[cfg(test)]
+mod probs_tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_bad_values_as_zeros() {
+        let row = [0.0f32, -2.0, f32::INFINITY, 0.5, f32::NAN, 0.5, 1.0e-45];
+        assert_eq!(probs_top_k(&row, 7).unwrap(), vec![3, 5, 6, 0, 1, 2, 4]);
+        assert_eq!(probs_top_k(&row, 100).unwrap().len(), 7);
+        assert!(probs_top_k(&row, 0).is_err());
+        assert!(probs_top_k(&[], 1).is_err());
+    }
+
+    #[test]
+    fn top_p_runs_on_the_top_k_mass() {
+        let row = [0.4f32, 0.3, 0.2, 0.1];
+        // top-k 2: mass 0.7, threshold 0.35: 0.4 alone.
+        assert_eq!(probs_kept_set(&row, 2, 0.5).unwrap(), vec![0]);
+        // top-k 3: mass 0.9, threshold 0.45: 0.4 then 0.3.
+        assert_eq!(probs_kept_set(&row, 3, 0.5).unwrap(), vec![0, 1]);
+        assert_eq!(probs_kept_set(&row, 4, 1.0).unwrap(), vec![0, 1, 2, 3]);
+        for bad in [0.0, -0.1, 1.1, f32::NAN] {
+            assert!(probs_kept_set(&row, 2, bad).is_err());
+        }
+        // Exactly on the boundary (exact in float64), and near it.
+        let exact = [0.5f32, 0.25, 0.25];
+        assert_eq!(probs_kept_set(&exact, 3, 0.75).unwrap(), vec![0, 1]);
+        assert!(probs_top_p_near_boundary(&exact, 3, 0.75).unwrap());
+        assert!(!probs_top_p_near_boundary(&exact, 3, 0.6).unwrap());
+    }
+
+    #[test]
+    fn draws_follow_the_renormalised_kept_mass() {
+        let row = [0.1f32, 0.6, 0.0, 0.3];
+        let mut counts = [0u64; 4];
+        for offset in 0..20_000 {
+            let t = sample_probs_top_k_top_p(&row, 3, 0.95, 1, offset).unwrap();
+            counts[t.unwrap() as usize] += 1;
+            probs_draw_agrees(&row, 3, 0.95, 1, offset, t).unwrap();
+        }
+        // top-k 3 (0.6, 0.3, 0.1), mass 1, top-p 0.95 keeps all three.
+        let fit = stats::chi_square(&counts, &[0.1, 0.6, 0.0, 0.3]).unwrap();
+        assert!(fit.p_value > 1e-4, "{counts:?} {fit:?}");
+        assert!(probs_draw_agrees(&row, 3, 0.95, 1, 0, Some(2)).is_err());
+        assert!(probs_draw_agrees(&row, 3, 0.95, 1, 0, None).is_err());
+        assert_eq!(
+            sample_probs_top_k_top_p(&[0.0, -1.0], 2, 0.5, 1, 0),
+            Ok(None)
+        );
+        assert!(probs_draw_agrees(&[0.0, -1.0], 2, 0.5, 1, 0, None).is_ok());
+    }
+}

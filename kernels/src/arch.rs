@@ -356,3 +356,164 @@ macro_rules! mma_m16n8k16 {
 
 mma_m16n8k16!(mma_m16n8k16_bf16, "bf16");
 mma_m16n8k16!(mma_m16n8k16_f16, "f16");
+
+// ---------------------------------------------------------------------------
+// Radix top-k (issue 5): scans, votes, shared-memory counters, and the
+// thread-block-cluster instructions of Hopper (distributed shared memory).
+// ---------------------------------------------------------------------------
+
+/// `shfl.sync.up.b32` over the full warp: lane `i` gets lane `i - delta`'s
+/// `x` (its own when `i < delta`); every lane must execute it (not `pure`,
+/// see [`shfl_bfly_u32`]).
+#[inline(always)]
+pub fn shfl_up_u32(x: u32, delta: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only instruction; all 32 lanes participate.
+    unsafe {
+        asm!("shfl.sync.up.b32 {r}, {x}, {d}, 0, 0xffffffff;",
+             r = out(reg32) r, x = in(reg32) x, d = in(reg32) delta,
+             options(nostack))
+    };
+    r
+}
+
+/// `red.shared.add.u32`: adds `v` at a shared address, no result.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned shared address of the block (see
+/// [`smem_addr`]).
+#[inline(always)]
+pub unsafe fn red_shared_add_u32(addr: u32, v: u32) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("red.shared.add.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v,
+             options(nostack))
+    };
+}
+
+/// `atom.shared.add.u32` (relaxed): returns the old value.
+///
+/// # Safety
+/// As [`red_shared_add_u32`].
+#[inline(always)]
+pub unsafe fn atom_shared_add_u32(addr: u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("atom.shared.add.u32 {o}, [{a}], {v};",
+             o = out(reg32) old, a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    };
+    old
+}
+
+/// `%cluster_ctarank`: this block's rank in its cluster (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn cluster_ctarank() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe {
+        asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `%cluster_nctarank`: blocks in this block's cluster (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn cluster_nctarank() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe {
+        asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `barrier.cluster.arrive` (release semantics): every thread of every
+/// block of the cluster must arrive before any passes
+/// [`barrier_cluster_wait`] (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn barrier_cluster_arrive() {
+    // SAFETY: a barrier has no operands; callers reach it uniformly.
+    unsafe { asm!("barrier.cluster.arrive;", options(nostack)) };
+}
+
+/// `barrier.cluster.wait` (acquire semantics): waits for the cluster's
+/// arrivals (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn barrier_cluster_wait() {
+    // SAFETY: a barrier has no operands; callers reach it uniformly.
+    unsafe { asm!("barrier.cluster.wait;", options(nostack)) };
+}
+
+/// `mapa.shared::cluster.u32`: the distributed-shared-memory address of
+/// shared address `addr` in the cluster's block `rank` (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn mapa_shared_cluster(addr: u32, rank: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only address translation.
+    unsafe {
+        asm!("mapa.shared::cluster.u32 {r}, {a}, {k};",
+             r = out(reg32) r, a = in(reg32) addr, k = in(reg32) rank,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `ld.shared::cluster.v4.u32`: 16 bytes of another block's shared memory
+/// (sm_90).
+///
+/// # Safety
+/// `addr` comes from [`mapa_shared_cluster`] of a 16-byte aligned shared
+/// address, and the block it names is running.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn ld_shared_cluster_v4_u32(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.shared::cluster.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg32) addr, options(readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+/// `st.shared::cluster.u64`: 8 bytes into another block's shared memory
+/// (sm_90).
+///
+/// # Safety
+/// `addr` comes from [`mapa_shared_cluster`] of an 8-byte aligned shared
+/// address, and the block it names is running.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn st_shared_cluster_u64(addr: u32, v: u64) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.shared::cluster.u64 [{p}], {v};", p = in(reg32) addr, v = in(reg64) v,
+             options(nostack))
+    };
+}
+
+/// `atom.shared::cluster.add.u32` (relaxed): adds `v` in another block's
+/// shared memory and returns the old value (sm_90).
+///
+/// # Safety
+/// As [`st_shared_cluster_u64`], for a 4-byte aligned address.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn atom_shared_cluster_add_u32(addr: u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("atom.shared::cluster.add.u32 {o}, [{p}], {v};",
+             o = out(reg32) old, p = in(reg32) addr, v = in(reg32) v, options(nostack))
+    };
+    old
+}

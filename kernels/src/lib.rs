@@ -29,6 +29,7 @@ pub mod params;
 pub mod philox;
 pub mod pivot;
 pub mod radix;
+pub mod radix_select;
 pub mod sample;
 
 #[cfg(target_arch = "nvptx64")]
@@ -37,6 +38,8 @@ pub mod arch;
 mod fused_lm_head;
 #[cfg(target_arch = "nvptx64")]
 mod race;
+#[cfg(target_arch = "nvptx64")]
+mod radix_topk;
 #[cfg(target_arch = "nvptx64")]
 mod sampling;
 #[cfg(target_arch = "nvptx64")]
@@ -62,6 +65,9 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_finish",
     "topk_topp_mask_f32",
     "topk_topp_sample_f32",
+    "radix_topk_cluster_f32",
+    "radix_topk_coop_f32",
+    "radix_probs_to_logits_f32",
 ];
 
 /// Launch bounds of a kernel: the PTX directives `.maxntid max_threads, 1,

@@ -1,0 +1,984 @@
+//! `radix_topk`: exact top-k of f32 probabilities by cluster radix select
+//! and sparse top-p sampling from the top-k (issue 5, FlashInfer's "cake"
+//! route): [`Device::top_k_to_slab`] (stage 1 alone: a sorted `[batch,
+//! SLAB]` slab per row), [`Device::top_k_top_p_sampling_from_probs`]
+//! (`top_k_first`: top-k, then top-p on the top-k mass, then one draw) and
+//! [`Device::route`] (which path a request takes).
+//!
+//! # Semantics
+//!
+//! - A probability counts through its clean value: finite positive values
+//!   as themselves, NaN, negative values, +-0 and +inf as 0. Rows need not
+//!   be normalised.
+//! - top-k keeps the first `min(k, V)` entries of the total order (value
+//!   descending, index ascending; zeros tie and go by index).
+//! - top-p keeps the shortest prefix of the top-k whose exclusive mass is
+//!   below `top_p * topk_mass` (the first entry always; `top_p = 1` keeps
+//!   all `k`).
+//! - The token is the first kept entry whose cumulative mass exceeds
+//!   `u * kept_mass`, `u = uniform_open(row_uniform_bits(seed_key(seed),
+//!   offset, 0))`: the Qrita sampler's draw (`Device::sample_top_k_top_p`).
+//!   Masses are exact integers (`radix_select::fixed_mass`, exact to
+//!   `2^-53` of the row's largest value), so the GPU's token equals the
+//!   portable emulation's ([`flashsample_kernels::radix_select`]) bit for
+//!   bit, and the float64 reference's
+//!   ([`crate::reference::sample_probs_top_k_top_p`]) except where the
+//!   exact cumulative mass lies within rounding of `u * kept_mass` or the
+//!   top-p cut within its 1e-6 band.
+//! - A row whose top-k has no positive mass is invalid (`valid = 0`, token
+//!   0).
+//!
+//! # Routes
+//!
+//! `k <= SLAB` (1024) takes the radix route; on GPUs with thread block
+//! clusters (sm_90+) a cluster of `ctas` CTAs per row ([`Route::Cluster`],
+//! `ctas` from a cost model: [`plan_route`]), elsewhere one CTA per row
+//! ([`Route::SingleCta`]) or, for small batches, a cooperative multi-CTA
+//! launch ([`Route::Cooperative`]). `k > SLAB` takes the pivot path of the
+//! Qrita sampler ([`Route::Pivot`]) on the logits `ln p` of the clean
+//! probabilities (`radix_select::prob_logit`, then temperature 1, min-p
+//! off): the same contract, except that probabilities whose f32
+//! logarithms round to the same value tie there (and go by index), and
+//! that its masses carry the rounding of `exp(ln p)` (about 1e-7 relative).
+//! Every route accepts any row stride.
+
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use flashsample_kernels::radix_select::{
+    BUCKETS, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB,
+    radix_smem_bytes,
+};
+
+use crate::device::Device;
+use crate::error::{Result, param, shape};
+use crate::rows::Rows;
+use crate::sampling::{SampleOutput, Workspace};
+use crate::topk_topp::TruncParams;
+
+/// Largest cluster the planner asks for (the portable cluster size).
+pub const MAX_CLUSTER: u32 = 8;
+/// Largest grid y of a launch; more rows loop.
+const MAX_GRID_Y: usize = 65_535;
+
+/// Per-row parameters of the probability samplers, in device memory (a
+/// captured CUDA graph reads the current seeds and offsets at each
+/// replay). Held as the pivot path's [`TruncParams`] (min-p off,
+/// temperature 1), so both routes read the same buffers.
+#[derive(Debug)]
+pub struct TopKTopPParams {
+    trunc: TruncParams,
+    max_k: u32,
+}
+
+impl TopKTopPParams {
+    /// Uploads per-row `top_k` (>= 1; above the vocabulary means the whole
+    /// row), `top_p` (in `(0, 1]`, 1 is off), seeds and offsets, all of one
+    /// length (the batch). Rejects `top_k = 0` and `top_p` outside `(0, 1]`
+    /// (NaN included) before any copy.
+    pub fn upload(
+        stream: &Arc<CudaStream>,
+        top_k: &[u32],
+        top_p: &[f32],
+        seed: &[u64],
+        offset: &[u64],
+    ) -> Result<TopKTopPParams> {
+        let b = top_k.len();
+        if b == 0 {
+            return Err(param("batch", 0));
+        }
+        for (what, len) in [
+            ("top_p", top_p.len()),
+            ("seed", seed.len()),
+            ("offset", offset.len()),
+        ] {
+            if len != b {
+                return Err(shape(what, b, len));
+            }
+        }
+        if top_k.contains(&0) {
+            return Err(param("top_k", 0));
+        }
+        let trunc = TruncParams::upload(
+            stream,
+            top_k,
+            top_p,
+            &vec![0.0; b],
+            &vec![1.0; b],
+            seed,
+            offset,
+        )?;
+        Ok(TopKTopPParams {
+            trunc,
+            max_k: top_k.iter().copied().max().unwrap_or(1),
+        })
+    }
+
+    /// Rows described.
+    pub fn batch(&self) -> usize {
+        self.trunc.batch()
+    }
+
+    /// The largest `top_k`: it decides the route.
+    pub fn max_k(&self) -> u32 {
+        self.max_k
+    }
+
+    /// Per-row seeds (write new values between calls or graph replays).
+    pub fn seed_mut(&mut self) -> &mut CudaSlice<u64> {
+        &mut self.trunc.row.seed
+    }
+
+    /// Per-row Philox offsets (advance them every step).
+    pub fn offset_mut(&mut self) -> &mut CudaSlice<u64> {
+        &mut self.trunc.row.offset
+    }
+
+    fn check(&self, batch: usize) -> Result<()> {
+        if self.batch() < batch {
+            return Err(shape(
+                "params",
+                format!("at least {batch} rows"),
+                self.batch(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Stage 1's output: per row, [`SLAB`] entries sorted by value descending
+/// then index ascending, of which the first `counts[r] = min(top_k, V)` are
+/// the row's top-k (clean values: NaN, negative and infinite
+/// probabilities as 0) and the rest padding (value 0, index `u32::MAX`).
+#[derive(Debug)]
+pub struct Slab {
+    /// `[batch, SLAB]` clean values.
+    pub values: CudaSlice<f32>,
+    /// `[batch, SLAB]` vocabulary indices.
+    pub indices: CudaSlice<u32>,
+    /// `[batch]` entries of the top-k per row.
+    pub counts: CudaSlice<u32>,
+}
+
+impl Slab {
+    /// A slab for `batch` rows.
+    pub fn new(stream: &Arc<CudaStream>, batch: usize) -> Result<Slab> {
+        let n = batch * SLAB as usize;
+        Ok(Slab {
+            values: stream.alloc_zeros(n)?,
+            indices: stream.alloc_zeros(n)?,
+            counts: stream.alloc_zeros(batch)?,
+        })
+    }
+
+    fn check(&self, batch: usize) -> Result<()> {
+        let n = batch * SLAB as usize;
+        for (what, len) in [
+            ("values", self.values.len()),
+            ("indices", self.indices.len()),
+        ] {
+            if len < n {
+                return Err(shape(what, format!("at least {n}"), len));
+            }
+        }
+        if self.counts.len() < batch {
+            return Err(shape(
+                "counts",
+                format!("at least {batch}"),
+                self.counts.len(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Scratch memory of the probability samplers: the cooperative route's
+/// histograms, gather buffers, counts and barrier words, and the pivot
+/// route's logits and workspace. Belongs to one stream at a time; grows on
+/// demand (run the call once before capturing a CUDA graph).
+#[derive(Debug)]
+pub struct RadixWorkspace {
+    hist: CudaSlice<u32>,
+    gather: CudaSlice<u64>,
+    /// Gather counts, one per row in flight: 0 between launches.
+    counts: CudaSlice<u32>,
+    /// Grid-barrier words, one per row in flight: any value.
+    barriers: CudaSlice<u32>,
+    logits: CudaSlice<f32>,
+    pivot: Workspace,
+    forced: Option<Route>,
+}
+
+impl RadixWorkspace {
+    /// An empty workspace on `stream`.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<RadixWorkspace> {
+        Ok(RadixWorkspace {
+            hist: stream.alloc_zeros(1)?,
+            gather: stream.alloc_zeros(1)?,
+            counts: stream.alloc_zeros(1)?,
+            barriers: stream.alloc_zeros(1)?,
+            logits: stream.alloc_zeros(1)?,
+            pivot: Workspace::new(stream)?,
+            forced: None,
+        })
+    }
+
+    /// Serves every later call through this workspace by `route` instead
+    /// of the planned one (tests and benches compare routes); `None`
+    /// restores the planner. Calls reject a route the GPU cannot run, and
+    /// radix routes for `max_k > SLAB`.
+    pub fn force_route(&mut self, route: Option<Route>) {
+        self.forced = route;
+    }
+
+    /// The route of a call: the forced one, else the planned one.
+    fn route_of(&self, dev: &Device, rows: Rows, params: &TopKTopPParams) -> Result<Route> {
+        match self.forced {
+            Some(r) => Ok(r),
+            None => dev.route(rows, params.max_k()),
+        }
+    }
+
+    /// Room for `slots` rows in flight of `ctas` cooperative CTAs each.
+    fn fit_coop(&mut self, stream: &Arc<CudaStream>, slots: usize, ctas: usize) -> Result<()> {
+        let hist = slots * 2 * ctas * BUCKETS as usize;
+        if self.hist.len() < hist {
+            self.hist = stream.alloc_zeros(hist)?;
+        }
+        if self.gather.len() < slots * GATHER_CAP as usize {
+            self.gather = stream.alloc_zeros(slots * GATHER_CAP as usize)?;
+        }
+        if self.counts.len() < slots {
+            // Fresh zeros: the counts' invariant, which every launch keeps.
+            self.counts = stream.alloc_zeros(slots)?;
+            self.barriers = stream.alloc_zeros(slots)?;
+        }
+        Ok(())
+    }
+}
+
+/// The path a request takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Radix select, a thread block cluster of `ctas` CTAs per row,
+    /// exchanging through distributed shared memory (sm_90 and newer).
+    Cluster { ctas: u32 },
+    /// Radix select, `ctas` CTAs per row of a cooperative launch,
+    /// exchanging through global memory (the multi-CTA fallback).
+    Cooperative { ctas: u32 },
+    /// Radix select, one CTA per row (every GPU).
+    SingleCta,
+    /// The Qrita pivot path on `ln p`, for `k > SLAB`.
+    Pivot,
+}
+
+/// What the route planner knows of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RadixCaps {
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Largest thread block cluster of radix CTAs the GPU schedules (0
+    /// without cluster support; the planner splits rows over clusters
+    /// from 2).
+    pub max_cluster: u32,
+    /// Radix CTAs resident per multiprocessor (registers and the shared
+    /// memory budget).
+    pub ctas_per_sm: u32,
+    /// Elements of a chunk one CTA caches in shared memory.
+    pub cache_elems: u32,
+}
+
+// The cost model's constants (H200 estimates, to be recalibrated from the
+// bench's per-route table): HBM read bandwidth, the most one CTA streams
+// alone, L2 bandwidth of one CTA re-reading an uncached chunk, the fixed
+// time of a CTA (passes over the cache, sort, stage 2, barriers), and the
+// cost of each CTA of a cluster (histogram reads through DSMEM).
+const HBM_BYTES_PER_US: f64 = 4.0e6;
+const CTA_MAX_BYTES_PER_US: f64 = 6.0e4;
+const CTA_L2_BYTES_PER_US: f64 = 1.0e5;
+const CTA_FIXED_US: f64 = 2.0;
+const PEER_US: f64 = 0.1;
+/// Fewest elements per CTA worth splitting a row for.
+const MIN_CHUNK: u32 = 2048;
+
+/// Estimated time of a radix launch with `ctas` CTAs per row.
+fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
+    let vocab = rows.vocab as u64;
+    let chunk = vocab.div_ceil(u64::from(ctas));
+    let uncached = chunk.saturating_sub(u64::from(caps.cache_elems));
+    let slots = u64::from(caps.sm_count.max(1)) * u64::from(caps.ctas_per_sm.max(1));
+    let ctas_total = rows.batch as u64 * u64::from(ctas);
+    let active = ctas_total.min(slots);
+    let waves = ctas_total.div_ceil(slots) as f64;
+    let bw = (HBM_BYTES_PER_US / active as f64).min(CTA_MAX_BYTES_PER_US);
+    // The streaming pass reads the chunk once; the gather pass reads the
+    // uncached part again (from L2).
+    let per_cta = (chunk * 4) as f64 / bw
+        + (uncached * 4) as f64 / CTA_L2_BYTES_PER_US
+        + CTA_FIXED_US
+        + PEER_US * f64::from(ctas);
+    waves * per_cta
+}
+
+/// The route of a request of `rows` with largest `top_k` `max_k` on a GPU
+/// with `caps`: the pivot path above [`SLAB`]; else the CTAs per row (1 to
+/// [`MAX_CLUSTER`], at least 2048 elements each) that minimise the
+/// estimated time (waves of resident CTAs, each streaming its chunk at its
+/// share of the bandwidth, re-reading what its cache cannot hold, plus a
+/// fixed cost), as a cluster where the GPU has them, else a cooperative
+/// launch when its CTAs fit the GPU at once, else one CTA per row.
+///
+/// ```
+/// use flashsample::{RadixCaps, Route, Rows, plan_route};
+///
+/// let h200 = RadixCaps { sm_count: 132, max_cluster: 8, ctas_per_sm: 1, cache_elems: 49_792 };
+/// assert_eq!(plan_route(&Rows::contiguous(1, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
+/// assert_eq!(plan_route(&Rows::contiguous(8, 128_256), 2000, &h200), Route::Pivot);
+/// ```
+pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
+    if max_k > SLAB {
+        return Route::Pivot;
+    }
+    let by_chunk = (rows.vocab as u64 / u64::from(MIN_CHUNK)).clamp(1, u64::from(MAX_CLUSTER));
+    let limit = if caps.max_cluster >= 2 {
+        u64::from(caps.max_cluster).min(by_chunk)
+    } else {
+        // Cooperative: every CTA of the launch resident at once.
+        let slots = u64::from(caps.sm_count) * u64::from(caps.ctas_per_sm);
+        (slots / rows.batch.max(1) as u64).min(by_chunk)
+    };
+    let mut best = (1u32, radix_time_us(rows, 1, caps));
+    for ctas in 2..=limit as u32 {
+        let t = radix_time_us(rows, ctas, caps);
+        if t < best.1 {
+            best = (ctas, t);
+        }
+    }
+    match best.0 {
+        1 => Route::SingleCta,
+        ctas if caps.max_cluster >= 2 => Route::Cluster { ctas },
+        ctas => Route::Cooperative { ctas },
+    }
+}
+
+/// A kernel handle of the device's loaded module (valid while the module
+/// is: the device cache keeps every module loaded for the process).
+#[derive(Debug, Clone, Copy)]
+struct Func(CUfunction);
+
+// SAFETY: a CUfunction is a driver handle usable from any thread (the
+// driver API is thread-safe; calls bind the context first).
+unsafe impl Send for Func {}
+// SAFETY: as for Send; the handle is never mutated.
+unsafe impl Sync for Func {}
+
+/// The radix kernels of one device and what the planner knows of it.
+#[derive(Debug)]
+struct RadixKernels {
+    cluster: Func,
+    coop: Func,
+    to_logits: Func,
+    caps: RadixCaps,
+    /// Cooperative CTAs resident per multiprocessor.
+    coop_per_sm: u32,
+    /// Largest dynamic shared memory of a radix CTA.
+    smem_budget: u32,
+}
+
+/// Resident CTAs of `f` per multiprocessor with `smem` bytes each.
+fn occupancy(f: Func, smem: u32) -> Result<u32> {
+    let mut n = 0;
+    // SAFETY: a loaded function; `n` is written by the driver.
+    unsafe {
+        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut n,
+            f.0,
+            RADIX_THREADS as i32,
+            smem as usize,
+        )
+        .result()?
+    };
+    Ok(n.max(0) as u32)
+}
+
+impl RadixKernels {
+    /// Looks the radix kernels up in `dev`'s loaded module (the module of
+    /// its other kernels) and measures what the planner needs.
+    fn load(dev: &Device) -> Result<RadixKernels> {
+        let ctx = dev.context();
+        ctx.bind_to_thread()?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a function of the device's loaded module; the driver
+        // writes the module handle.
+        unsafe {
+            sys::cuFuncGetModule(
+                &mut module,
+                dev.kernels().topk_topp_sample_f32.cu_function(),
+            )
+            .result()?
+        };
+        let attr = |a| ctx.attribute(a).map(|v| v.max(0) as u32);
+        let optin =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let per_sm = attr(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?;
+        let get = |name: &str| -> Result<Func> {
+            let c = CString::new(name).map_err(|_| param("kernel", name))?;
+            let mut f = std::ptr::null_mut();
+            // SAFETY: a loaded module and a NUL-terminated name; the driver
+            // writes the handle.
+            unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()).result()? };
+            // SAFETY: a valid function; the value is the device's limit.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    optin as i32,
+                )
+                .result()?
+            };
+            Ok(Func(f))
+        };
+        let cluster = get("radix_topk_cluster_f32")?;
+        let coop = get("radix_topk_coop_f32")?;
+        let to_logits = get("radix_probs_to_logits_f32")?;
+        // Registers decide how many CTAs fit; they share the shared memory.
+        let by_regs = occupancy(cluster, RADIX_FIXED_SMEM)?.max(1);
+        let smem_budget = (per_sm / by_regs).saturating_sub(1024).min(optin) & !15;
+        let ctas_per_sm = occupancy(cluster, smem_budget)?.max(1);
+        let coop_per_sm = occupancy(coop, smem_budget)?;
+        let cache_elems = (smem_budget.saturating_sub(RADIX_FIXED_SMEM) / 4) & !3;
+        let clusters = dev.arch().starts_with("sm_9")
+            && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
+        let mut max_cluster = 0;
+        if clusters {
+            max_cluster = (1..=MAX_CLUSTER)
+                .rev()
+                .find(|&c| max_active_clusters(ctx, cluster, c, smem_budget).is_ok_and(|n| n > 0))
+                .unwrap_or(0);
+        }
+        Ok(RadixKernels {
+            cluster,
+            coop,
+            to_logits,
+            caps: RadixCaps {
+                sm_count: dev.sm_count(),
+                max_cluster,
+                ctas_per_sm,
+                cache_elems,
+            },
+            coop_per_sm,
+            smem_budget,
+        })
+    }
+}
+
+/// Clusters of `ctas` CTAs with `smem` bytes each the GPU runs at once.
+fn max_active_clusters(ctx: &Arc<CudaContext>, f: Func, ctas: u32, smem: u32) -> Result<u32> {
+    ctx.bind_to_thread()?;
+    let mut attr = cluster_attr(ctas);
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: ctas,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: RADIX_THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n = 0;
+    // SAFETY: a loaded function and a complete configuration.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &cfg).result()? };
+    Ok(n.max(0) as u32)
+}
+
+fn cluster_attr(ctas: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is a valid (ignored) attribute.
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: ctas,
+        y: 1,
+        z: 1,
+    };
+    a
+}
+
+fn cooperative_attr() -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is a valid (ignored) attribute.
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    a.value.cooperative = 1;
+    a
+}
+
+/// The radix kernels of `dev`, looked up once per device and process.
+fn radix_kernels(dev: &Device) -> Result<&'static RadixKernels> {
+    type Cache = Mutex<Vec<(usize, &'static RadixKernels)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = Arc::as_ptr(dev.context()) as usize;
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, k)) = cache.iter().find(|(c, _)| *c == key) {
+        return Ok(k);
+    }
+    // One per device for the life of the process, as the device cache.
+    let k: &'static RadixKernels = Box::leak(Box::new(RadixKernels::load(dev)?));
+    cache.push((key, k));
+    Ok(k)
+}
+
+/// How a launch is configured beyond grid, block and shared memory.
+#[derive(Clone, Copy)]
+enum LaunchKind {
+    Plain,
+    Cluster(u32),
+    Cooperative,
+}
+
+/// Launches `f` with `args` through `cuLaunchKernelEx`.
+///
+/// # Safety
+/// `args` point to the kernel's parameters, in order, with the types its
+/// signature has; the configuration satisfies its launch contract.
+unsafe fn launch(
+    stream: &CudaStream,
+    f: Func,
+    grid: (u32, u32),
+    smem: u32,
+    kind: LaunchKind,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    stream.context().bind_to_thread()?;
+    let mut attr = match kind {
+        LaunchKind::Plain => None,
+        LaunchKind::Cluster(c) => Some(cluster_attr(c)),
+        LaunchKind::Cooperative => Some(cooperative_attr()),
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: 1,
+        blockDimX: RADIX_THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: attr
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |a| a as *mut sys::CUlaunchAttribute),
+        numAttrs: u32::from(attr.is_some()),
+    };
+    // SAFETY: the caller's contract; `cfg` and `attr` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&cfg, f.0, args.as_mut_ptr(), std::ptr::null_mut()).result()? };
+    Ok(())
+}
+
+/// The device pointers of one radix launch (0 for buffers a mode leaves
+/// untouched).
+struct RadixPtrs {
+    probs: CUdeviceptr,
+    top_k: CUdeviceptr,
+    top_p: CUdeviceptr,
+    seed: CUdeviceptr,
+    offset: CUdeviceptr,
+    slab_values: CUdeviceptr,
+    slab_indices: CUdeviceptr,
+    slab_counts: CUdeviceptr,
+    tokens: CUdeviceptr,
+    valid: CUdeviceptr,
+}
+
+/// Where a radix launch writes.
+enum Target<'a> {
+    Slab(&'a mut Slab),
+    Sample(&'a mut SampleOutput),
+}
+
+impl Device {
+    /// The route [`Device::top_k_top_p_sampling_from_probs`] takes for
+    /// `rows` with largest `top_k` `max_k` on this GPU (see
+    /// [`plan_route`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, Route, Rows};
+    /// let dev = Device::new(0)?;
+    /// let route = dev.route(Rows::contiguous(128, 128_256), 50)?;
+    /// assert_ne!(route, Route::Pivot);
+    /// # Ok(()) }
+    /// ```
+    pub fn route(&self, rows: Rows, max_k: u32) -> Result<Route> {
+        Ok(plan_route(&rows, max_k, &radix_kernels(self)?.caps))
+    }
+
+    /// What the route planner knows of this GPU.
+    pub fn radix_caps(&self) -> Result<RadixCaps> {
+        Ok(radix_kernels(self)?.caps)
+    }
+
+    /// Stage 1 alone: the exact top-k of every row of `[batch, vocab]` f32
+    /// probabilities into `slab` (see [`Slab`]), by the radix route
+    /// [`Device::route`] picks (or the workspace's
+    /// [`RadixWorkspace::force_route`]). Rejects `max_k > SLAB` and the pivot
+    /// route. Returns the route taken. The slab of a row depends only on the
+    /// row and its `top_k`.
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, RadixWorkspace, Rows, Slab, TopKTopPParams};
+    /// let dev = Device::new(0)?;
+    /// let stream = dev.new_stream()?;
+    /// let probs = stream.clone_htod(&[0.1f32, 0.4, 0.2, 0.3]).map_err(flashsample::Error::from)?;
+    /// let params = TopKTopPParams::upload(&stream, &[2], &[1.0], &[0], &[0])?;
+    /// let mut slab = Slab::new(&stream, 1)?;
+    /// let mut ws = RadixWorkspace::new(&stream)?;
+    /// dev.top_k_to_slab(&stream, &probs.as_view(), Rows::contiguous(1, 4), &params, &mut slab, &mut ws)?;
+    /// let idx = stream.clone_dtoh(&slab.indices).map_err(flashsample::Error::from)?;
+    /// assert_eq!(&idx[..2], &[1, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub fn top_k_to_slab(
+        &self,
+        stream: &Arc<CudaStream>,
+        probs: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TopKTopPParams,
+        slab: &mut Slab,
+        ws: &mut RadixWorkspace,
+    ) -> Result<Route> {
+        let route = ws.route_of(self, rows, params)?;
+        if route == Route::Pivot {
+            return Err(param("route", route));
+        }
+        slab.check(rows.batch)?;
+        self.radix(route, stream, probs, rows, params, Target::Slab(slab), ws)?;
+        Ok(route)
+    }
+
+    /// One token per row of `[batch, vocab]` f32 probabilities: top-k, then
+    /// top-p on the top-k's mass, then an inverse-CDF draw from the kept
+    /// prefix renormalised (see the module docs for the exact semantics);
+    /// `valid = 0` and token 0 for a row whose top-k has no positive mass.
+    /// Deterministic: a row's token depends only on the row, its `top_k`,
+    /// `top_p`, seed and offset. Takes the route [`Device::route`] picks (or
+    /// the workspace's [`RadixWorkspace::force_route`]) and returns it.
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, RadixWorkspace, Rows, SampleOutput, TopKTopPParams};
+    /// let dev = Device::new(0)?;
+    /// let stream = dev.new_stream()?;
+    /// let probs = stream.clone_htod(&[0.1f32, 0.6, 0.0, 0.3]).map_err(flashsample::Error::from)?;
+    /// let params = TopKTopPParams::upload(&stream, &[2], &[0.5], &[7], &[0])?;
+    /// let mut out = SampleOutput::new(&stream, 1)?;
+    /// let mut ws = RadixWorkspace::new(&stream)?;
+    /// dev.top_k_top_p_sampling_from_probs(&stream, &probs.as_view(), Rows::contiguous(1, 4),
+    ///     &params, &mut out, &mut ws)?;
+    /// let tokens = stream.clone_dtoh(&out.tokens).map_err(flashsample::Error::from)?;
+    /// assert_eq!(tokens[0], 1); // top-p 0.5 keeps only the 0.6
+    /// # Ok(()) }
+    /// ```
+    pub fn top_k_top_p_sampling_from_probs(
+        &self,
+        stream: &Arc<CudaStream>,
+        probs: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TopKTopPParams,
+        out: &mut SampleOutput,
+        ws: &mut RadixWorkspace,
+    ) -> Result<Route> {
+        let route = ws.route_of(self, rows, params)?;
+        let outputs = out.tokens.len().min(out.valid.len());
+        if outputs < rows.batch {
+            return Err(shape("tokens and valid", rows.batch, outputs));
+        }
+        if route == Route::Pivot {
+            self.pivot(stream, probs, rows, params, out, ws)?;
+        } else {
+            self.radix(route, stream, probs, rows, params, Target::Sample(out), ws)?;
+        }
+        Ok(route)
+    }
+
+    /// The pivot route: `ln p` into the workspace, then the Qrita sampler.
+    fn pivot(
+        &self,
+        stream: &Arc<CudaStream>,
+        probs: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TopKTopPParams,
+        out: &mut SampleOutput,
+        ws: &mut RadixWorkspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        rows.validate("probs", probs.len())?;
+        params.check(rows.batch)?;
+        let k = radix_kernels(self)?;
+        let len = rows.batch * rows.vocab;
+        if ws.logits.len() < len {
+            ws.logits = stream.alloc_zeros(len)?;
+        }
+        let args = RadixArgs {
+            batch: rows.batch as u32,
+            vocab: rows.vocab as u32,
+            row_stride: rows.row_stride as u64,
+            chunk: 0,
+            cache_slots: 0,
+            mode: 0,
+            reserved: 0,
+        };
+        let grid = (
+            rows.vocab.div_ceil(RADIX_THREADS as usize).min(1024) as u32,
+            rows.batch.min(MAX_GRID_Y) as u32,
+        );
+        {
+            let (mut p, _g1) = probs.device_ptr(stream);
+            let (mut l, _g2) = ws.logits.device_ptr_mut(stream);
+            let mut a = args;
+            let mut list = [
+                &mut p as *mut CUdeviceptr as *mut c_void,
+                &mut l as *mut CUdeviceptr as *mut c_void,
+                &mut a as *mut RadixArgs as *mut c_void,
+            ];
+            // SAFETY: the parameters of `radix_probs_to_logits_f32` in
+            // order; `probs` holds the validated rows, `logits` batch *
+            // vocab elements; blocks of RADIX_THREADS, no shared memory.
+            unsafe { launch(stream, k.to_logits, grid, 0, LaunchKind::Plain, &mut list)? };
+        }
+        let logits = ws.logits.slice(..len);
+        self.sample_top_k_top_p(
+            stream,
+            &logits,
+            Rows::contiguous(rows.batch, rows.vocab),
+            &params.trunc,
+            out,
+            &mut ws.pivot,
+        )
+    }
+
+    /// A radix launch of `route` writing `target`.
+    #[allow(clippy::too_many_arguments)]
+    fn radix(
+        &self,
+        route: Route,
+        stream: &Arc<CudaStream>,
+        probs: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TopKTopPParams,
+        target: Target<'_>,
+        ws: &mut RadixWorkspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        rows.validate("probs", probs.len())?;
+        params.check(rows.batch)?;
+        if params.max_k() > SLAB {
+            return Err(param("top_k", params.max_k()));
+        }
+        let k = radix_kernels(self)?;
+        let caps = k.caps;
+        let batch = rows.batch;
+        let (ctas, kind, func) = match route {
+            Route::Cluster { ctas } if (1..=caps.max_cluster).contains(&ctas) => {
+                (ctas, LaunchKind::Cluster(ctas), k.cluster)
+            }
+            Route::Cooperative { ctas } if ctas >= 1 && ctas <= caps.sm_count * k.coop_per_sm => {
+                (ctas, LaunchKind::Cooperative, k.coop)
+            }
+            // An explicit cluster of one where the GPU has clusters (the
+            // kernel then uses the cluster instructions on itself).
+            Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), k.cluster),
+            Route::SingleCta => (1, LaunchKind::Plain, k.cluster),
+            _ => return Err(param("route", route)),
+        };
+        let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
+        let cache_slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
+        let smem = radix_smem_bytes(cache_slots);
+        if smem > k.smem_budget {
+            return Err(param("shared memory", smem));
+        }
+        let slots = match kind {
+            LaunchKind::Cooperative => {
+                let resident = (caps.sm_count * k.coop_per_sm / ctas) as usize;
+                batch.min(resident)
+            }
+            _ => batch.min(MAX_GRID_Y),
+        };
+        let mode = match target {
+            Target::Slab(_) => MODE_SLAB,
+            Target::Sample(_) => MODE_SAMPLE,
+        };
+        let mut args = RadixArgs {
+            batch: batch as u32,
+            vocab: rows.vocab as u32,
+            row_stride: rows.row_stride as u64,
+            chunk: chunk as u32,
+            cache_slots,
+            mode,
+            reserved: 0,
+        };
+        if matches!(kind, LaunchKind::Cooperative) {
+            ws.fit_coop(stream, slots, ctas as usize)?;
+        }
+        let t = &params.trunc;
+        let (probs_p, _g1) = probs.device_ptr(stream);
+        let (top_k, _g2) = t.top_k.device_ptr(stream);
+        let (top_p, _g3) = t.top_p.device_ptr(stream);
+        let (seed, _g4) = t.row.seed.device_ptr(stream);
+        let (offset, _g5) = t.row.offset.device_ptr(stream);
+        let mut p = RadixPtrs {
+            probs: probs_p,
+            top_k,
+            top_p,
+            seed,
+            offset,
+            slab_values: 0,
+            slab_indices: 0,
+            slab_counts: 0,
+            tokens: 0,
+            valid: 0,
+        };
+        // Output guards live until after the launch.
+        let _out_guards = match target {
+            Target::Slab(s) => {
+                let (v, g1) = s.values.device_ptr_mut(stream);
+                let (i, g2) = s.indices.device_ptr_mut(stream);
+                let (c, g3) = s.counts.device_ptr_mut(stream);
+                (p.slab_values, p.slab_indices, p.slab_counts) = (v, i, c);
+                (g1, g2, Some(g3))
+            }
+            Target::Sample(o) => {
+                let (tok, g1) = o.tokens.device_ptr_mut(stream);
+                let (v, g2) = o.valid.device_ptr_mut(stream);
+                (p.tokens, p.valid) = (tok, v);
+                (g1, g2, None)
+            }
+        };
+        let (ws_hist, _g6) = ws.hist.device_ptr_mut(stream);
+        let (ws_gather, _g7) = ws.gather.device_ptr_mut(stream);
+        let (ws_counts, _g8) = ws.counts.device_ptr_mut(stream);
+        let (ws_barriers, _g9) = ws.barriers.device_ptr_mut(stream);
+        // The cluster kernel does not touch the workspace.
+        let mut ws_ptrs = match kind {
+            LaunchKind::Cooperative => [ws_hist, ws_gather, ws_counts, ws_barriers],
+            _ => [0; 4],
+        };
+        let mut list: Vec<*mut c_void> = [
+            &mut p.probs,
+            &mut p.top_k,
+            &mut p.top_p,
+            &mut p.seed,
+            &mut p.offset,
+            &mut p.slab_values,
+            &mut p.slab_indices,
+            &mut p.slab_counts,
+            &mut p.tokens,
+            &mut p.valid,
+        ]
+        .into_iter()
+        .map(|x| x as *mut CUdeviceptr as *mut c_void)
+        .collect();
+        list.extend(
+            ws_ptrs
+                .iter_mut()
+                .map(|x| x as *mut CUdeviceptr as *mut c_void),
+        );
+        list.push(&mut args as *mut RadixArgs as *mut c_void);
+        // SAFETY: the parameters of `radix_topk_cluster_f32` and
+        // `radix_topk_coop_f32` (one signature) in order; `probs` holds the
+        // validated rows, the parameter buffers at least `batch` rows
+        // (checked), the outputs the mode writes `batch` rows (checked; the
+        // others are 0 and unread), the cooperative workspace `slots` rows
+        // of `ctas` CTAs with zeroed counts (the cluster kernel gets 0 and
+        // never reads it); the grid has `ctas * chunk >= vocab`, blocks of
+        // RADIX_THREADS, the shared memory of `cache_slots` (within the
+        // function's limit), a cluster of `ctas` only where the GPU has
+        // them (checked against `max_cluster`), and the cooperative grid
+        // fits the GPU (checked against its occupancy).
+        unsafe { launch(stream, func, (ctas, slots as u32), smem, kind, &mut list) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H200: RadixCaps = RadixCaps {
+        sm_count: 132,
+        max_cluster: 8,
+        ctas_per_sm: 1,
+        cache_elems: 49_792,
+    };
+
+    #[test]
+    fn routes_follow_k_and_the_gpu() {
+        let rows = Rows::contiguous(1, 128_256);
+        assert_eq!(plan_route(&rows, 1025, &H200), Route::Pivot);
+        assert_eq!(plan_route(&rows, 1024, &H200), Route::Cluster { ctas: 8 });
+        // Small vocabularies are not split below MIN_CHUNK elements.
+        assert_eq!(
+            plan_route(&Rows::contiguous(1, 3000), 50, &H200),
+            Route::SingleCta
+        );
+        let ampere = RadixCaps {
+            max_cluster: 0,
+            ..H200
+        };
+        assert_eq!(
+            plan_route(&rows, 50, &ampere),
+            Route::Cooperative { ctas: 8 }
+        );
+        // A full GPU of rows: one CTA per row, no cooperation needed.
+        assert_eq!(
+            plan_route(&Rows::contiguous(512, 128_256), 50, &ampere),
+            Route::SingleCta
+        );
+        // Every planned radix route respects the limits.
+        for batch in [1usize, 2, 4, 8, 16, 32, 64, 128, 1024] {
+            for vocab in [1usize, 5000, 32_768, 128_256, 151_936, 262_144] {
+                let rows = Rows::contiguous(batch, vocab);
+                for caps in [H200, ampere] {
+                    match plan_route(&rows, 50, &caps) {
+                        Route::Cluster { ctas } => {
+                            assert!((2..=caps.max_cluster).contains(&ctas));
+                            assert!(vocab as u32 / ctas >= MIN_CHUNK);
+                        }
+                        Route::Cooperative { ctas } => {
+                            assert!(ctas >= 2 && batch as u32 * ctas <= caps.sm_count);
+                        }
+                        Route::SingleCta => {}
+                        Route::Pivot => panic!("k = 50 is a radix request"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_cost_model_spreads_small_batches() {
+        for vocab in [32_768usize, 128_256, 151_936, 262_144] {
+            let mut line = format!("V = {vocab}:");
+            for batch in [1usize, 2, 4, 8, 16, 32, 64, 128] {
+                let r = plan_route(&Rows::contiguous(batch, vocab), 50, &H200);
+                line += &format!(" B={batch} {r:?};");
+            }
+            println!("{line}");
+            let one = plan_route(&Rows::contiguous(1, vocab), 50, &H200);
+            assert!(
+                matches!(one, Route::Cluster { ctas: 4.. }),
+                "V = {vocab}: {one:?}"
+            );
+        }
+        let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200);
+        let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200);
+        assert!(t1.is_finite() && t8.is_finite() && t1 > 0.0 && t8 > 0.0);
+    }
+}

@@ -1,0 +1,723 @@
+//! Portable heart of the cluster radix top-k and sparse top-p sampler
+//! (issue 5, FlashInfer's "cake" route): the keys, the radix select's
+//! decisions, the sorting network and the exact integer masses, shared by
+//! the kernels (`radix_topk`) and the CPU emulation [`select_slab`] /
+//! [`draw_from_slab`] that the tests hold the GPU to bit for bit.
+//!
+//! # Keys and order
+//!
+//! A probability counts through its *clean bits* ([`prob_bits`]): the f32
+//! bit pattern of a finite positive value, 0 for everything else (NaN,
+//! negative, +-0, +inf), so bad values weigh nothing. Positive floats order
+//! like their bit patterns, so the 31-bit clean bits are a radix key. An
+//! element's **composite key** ([`composite`]) is `bits << 32 | !index`:
+//! larger for larger values, and for equal values larger for lower
+//! indices; keys are unique, and the library's total order (value
+//! descending, index ascending) is key descending.
+//!
+//! # Stage 1: radix select into a slab
+//!
+//! The top `k' = min(k, V, SLAB)` keys of a row are found by a radix select
+//! over the 63-bit keys, [`DIGIT_BITS`] bits per pass from the top
+//! ([`RadixSelect`]): each pass histograms the keys still in range into
+//! [`BUCKETS`] buckets (per CTA, then summed over the CTAs of the row),
+//! finds the bucket where the count from the top reaches `k'`
+//! ([`crossing_in_group`]), and stops as soon as the keys at or above that
+//! bucket fit the gather buffer ([`GATHER_CAP`]): every key `>=` the
+//! bucket's lowest key is then gathered, sorted by a bitonic network
+//! ([`bitonic_pair`]) and the first `k'` form the slab. One pass suffices
+//! unless the crossing bucket is crowded (ties, underflowed zeros); a
+//! bucket after the fifth pass holds at most 256 keys, so at most
+//! [`MAX_PASSES`] passes run, and the boundary ties are resolved by the
+//! index bits of the key like any other bits.
+//!
+//! # Stage 2: sparse top-p and the draw
+//!
+//! Over the sorted slab, masses are exact integers ([`fixed_mass`]): each
+//! value scaled by a power of two fixed by the slab's largest value, so
+//! that sums do not depend on their order and the GPU's parallel scan gives
+//! the very integers of a sequential sum. top-p keeps the shortest prefix
+//! whose exclusive mass is below `top_p * topk_mass`
+//! ([`top_p_threshold`], [`top_p_keeps`]); the token is the first kept
+//! element whose inclusive mass exceeds `u * kept_mass`
+//! ([`draw_target`], [`before_draw`]), `u` the row's first per-row uniform
+//! (the draw of the Qrita sampler `topk_topp_sample_f32`).
+
+/// Slab entries per row: the largest `k` the radix route serves.
+pub const SLAB: u32 = 1024;
+/// Bits of a radix digit.
+pub const DIGIT_BITS: u32 = 11;
+/// Buckets of a pass's histogram.
+pub const BUCKETS: u32 = 1 << DIGIT_BITS;
+const DIGIT_MASK: u64 = BUCKETS as u64 - 1;
+/// Significant bits of a composite key (31 value bits, 32 index bits).
+pub const KEY_BITS: u32 = 63;
+/// Keys a row's gather buffer holds: the pass loop stops once the keys at
+/// or above the crossing bucket fit.
+pub const GATHER_CAP: u32 = 2048;
+/// Most passes a row needs: after the fifth (shift 8) the crossing bucket
+/// holds at most 256 keys, and fewer than `SLAB` lie above it.
+pub const MAX_PASSES: u32 = 5;
+/// Left shift of the slab's largest value in [`fixed_mass`]: `2^24 << 30`
+/// times [`SLAB`] stays below `2^64`.
+pub const MASS_SHIFT: i32 = 30;
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate alloc;
+#[cfg(not(target_arch = "nvptx64"))]
+use alloc::vec::Vec;
+
+const _: () = assert!(KEY_BITS - MAX_PASSES * DIGIT_BITS <= 8);
+const _: () = assert!(SLAB - 1 + (1 << (KEY_BITS - MAX_PASSES * DIGIT_BITS)) <= GATHER_CAP);
+
+/// The clean bits of a probability: its bit pattern when it is finite and
+/// positive, else 0 (NaN, negative values, +-0 and +inf weigh nothing).
+#[inline(always)]
+pub fn prob_bits(x: f32) -> u32 {
+    if x > 0.0 && x < f32::INFINITY {
+        x.to_bits()
+    } else {
+        0
+    }
+}
+
+/// The composite key of clean bits `bits` at `index`.
+#[inline(always)]
+pub fn composite(bits: u32, index: u32) -> u64 {
+    (u64::from(bits) << 32) | u64::from(!index)
+}
+
+/// The clean bits of a composite key.
+#[inline(always)]
+pub fn composite_bits(key: u64) -> u32 {
+    (key >> 32) as u32
+}
+
+/// The index of a composite key.
+#[inline(always)]
+pub fn composite_index(key: u64) -> u32 {
+    !(key as u32)
+}
+
+/// The first pass's digit of any key with clean bits `bits`: the top
+/// [`DIGIT_BITS`] of the key are value bits 30..20 (the streaming pass
+/// needs no index).
+#[inline(always)]
+pub fn first_digit(bits: u32) -> u32 {
+    bits >> (KEY_BITS - DIGIT_BITS - 32)
+}
+
+/// The logit the pivot route samples for a probability: `ln` of its clean
+/// value (subnormals included), -inf for a clean value of 0.
+#[inline(always)]
+pub fn prob_logit(bits: u32) -> f32 {
+    let x = f32::from_bits(bits);
+    if bits == 0 {
+        f32::NEG_INFINITY
+    } else if x < f32::MIN_POSITIVE {
+        // 2^64 scaling keeps `ln_f32` on normal numbers.
+        crate::noise::ln_f32(x * 18_446_744_073_709_551_616.0) - 64.0 * core::f32::consts::LN_2
+    } else {
+        crate::noise::ln_f32(x)
+    }
+}
+
+/// The `k'` a row selects: `top_k` clamped into `1 ..= min(vocab, SLAB)`.
+#[inline(always)]
+pub fn slab_len(top_k: u32, vocab: u32) -> u32 {
+    let cap = if vocab < SLAB { vocab } else { SLAB };
+    top_k.clamp(1, cap.max(1))
+}
+
+/// Where a pass's count from the top reaches the keys still needed: the
+/// digit of the crossing bucket, the in-range keys in higher buckets, and
+/// the keys in the crossing bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    pub digit: u32,
+    pub above: u32,
+    pub count: u32,
+}
+
+/// The crossing inside digit group `group` (digits `4 group .. 4 group +
+/// 3`, with counts `counts`), given `above` in-range keys in the digits
+/// above the group and `need` (>= 1) keys still to select; `None` when the
+/// crossing lies in another group.
+#[inline(always)]
+pub fn crossing_in_group(counts: [u32; 4], group: u32, above: u32, need: u32) -> Option<Crossing> {
+    if above >= need {
+        return None;
+    }
+    // Written out from the top digit down: constant indices keep the
+    // counts in registers on the GPU.
+    let mut acc = above;
+    let mut step = |d: u32, c: u32| {
+        if acc.saturating_add(c) >= need {
+            Some(Crossing {
+                digit: 4 * group + d,
+                above: acc,
+                count: c,
+            })
+        } else {
+            acc += c;
+            None
+        }
+    };
+    let (c0, c1, c2, c3) = (counts[0], counts[1], counts[2], counts[3]);
+    step(3, c3)
+        .or_else(|| step(2, c2))
+        .or_else(|| step(1, c1))
+        .or_else(|| step(0, c0))
+}
+
+/// The state of one row's radix select: `k` keys to select, `above` found
+/// in higher buckets so far, and the digits fixed by earlier passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RadixSelect {
+    k: u32,
+    above: u32,
+    prefix: u64,
+    shift: u32,
+    passes: u32,
+}
+
+impl RadixSelect {
+    /// A select of the top `k` (>= 1) keys.
+    #[inline(always)]
+    pub fn new(k: u32) -> RadixSelect {
+        RadixSelect {
+            k,
+            above: 0,
+            prefix: 0,
+            shift: KEY_BITS - DIGIT_BITS,
+            passes: 0,
+        }
+    }
+
+    /// The digit of `key` in this pass, `None` when earlier passes ruled the
+    /// key out (its higher digits differ from the fixed ones).
+    #[inline(always)]
+    pub fn digit(&self, key: u64) -> Option<u32> {
+        if key >> (self.shift + DIGIT_BITS) == self.prefix {
+            Some(((key >> self.shift) & DIGIT_MASK) as u32)
+        } else {
+            None
+        }
+    }
+
+    /// Keys still to select in the current range (>= 1).
+    #[inline(always)]
+    pub fn need(&self) -> u32 {
+        self.k - self.above
+    }
+
+    /// Passes run so far.
+    #[inline(always)]
+    pub fn passes(&self) -> u32 {
+        self.passes
+    }
+
+    /// Ends a pass at its crossing: `Some(threshold)` when the keys `>=
+    /// threshold` (the crossing bucket's lowest key) fit the gather buffer,
+    /// else `None` and the next pass refines the crossing bucket.
+    #[inline(always)]
+    pub fn advance(&mut self, c: Crossing) -> Option<u64> {
+        self.passes += 1;
+        self.above += c.above;
+        let bucket = (self.prefix << DIGIT_BITS) | u64::from(c.digit);
+        if self.above + c.count <= GATHER_CAP || self.shift < DIGIT_BITS {
+            Some(bucket << self.shift)
+        } else {
+            self.prefix = bucket;
+            self.shift -= DIGIT_BITS;
+            None
+        }
+    }
+}
+
+/// Step `(size, stride)` of a bitonic sorting network, compare-exchange `i`
+/// (of `n / 2`): the two positions it compares and whether their block
+/// is sorted descending (larger first). Runs `size = 2, 4, .., n`, and for
+/// each `stride = size / 2, .., 1`, sort `n` (a power of two) entries
+/// descending. `stride` is a power of two below `size`.
+#[inline(always)]
+pub fn bitonic_pair(i: u32, size: u32, stride: u32) -> (u32, u32, bool) {
+    let lo = ((i & !(stride - 1)) << 1) | (i & (stride - 1));
+    (lo, lo + stride, lo & size == 0)
+}
+
+/// `(mantissa, biased exponent)` of positive clean bits, subnormals with
+/// exponent 1 and no implicit bit, so the value is `m 2^(e - 150)`.
+#[inline(always)]
+fn mantissa_exponent(bits: u32) -> (u64, i32) {
+    let e = (bits >> 23) as i32;
+    let m = u64::from(bits & 0x007f_ffff);
+    if e == 0 { (m, 1) } else { (m | 0x0080_0000, e) }
+}
+
+/// The exact integer mass of clean bits `bits` in a slab whose largest
+/// clean bits are `top`: the value times `2^(MASS_SHIFT + 150 - e_top)`,
+/// truncated (exact for values within `2^30` of the largest; smaller ones
+/// lose at most one unit, `2^-53` of the largest). Sums of up to [`SLAB`]
+/// masses fit a `u64`.
+#[inline(always)]
+pub fn fixed_mass(bits: u32, top: u32) -> u64 {
+    if bits == 0 {
+        return 0;
+    }
+    let (m, e) = mantissa_exponent(bits);
+    let (_, e_top) = mantissa_exponent(top);
+    let sh = e - e_top + MASS_SHIFT;
+    if sh >= 0 {
+        m << sh.min(MASS_SHIFT)
+    } else if sh > -24 {
+        m >> -sh
+    } else {
+        0
+    }
+}
+
+/// The top-p threshold over a top-k mass `total`: element `i` of the slab
+/// is kept iff [`top_p_keeps`]. `top_p` NaN or `>= 1` keeps the whole slab
+/// (+inf), `<= 0` its first element only.
+#[inline(always)]
+pub fn top_p_threshold(top_p: f32, total: u64) -> f64 {
+    if top_p.is_nan() || top_p >= 1.0 {
+        f64::INFINITY
+    } else if top_p <= 0.0 {
+        0.0
+    } else {
+        f64::from(top_p) * total as f64
+    }
+}
+
+/// Whether top-p keeps slab element `i` with exclusive mass `exclusive`:
+/// the first always, the others while the mass before them is below the
+/// threshold.
+#[inline(always)]
+pub fn top_p_keeps(i: u32, exclusive: u64, threshold: f64) -> bool {
+    i == 0 || (exclusive as f64) < threshold
+}
+
+/// The inverse-CDF target of a draw with uniform `u` in (0, 1) over a kept
+/// mass `kept_mass`: strictly below `kept_mass` when it is positive.
+#[inline(always)]
+pub fn draw_target(u: f32, kept_mass: u64) -> f64 {
+    f64::from(u) * kept_mass as f64
+}
+
+/// Whether a kept element with inclusive mass `inclusive` lies before the
+/// drawn one (the drawn one is the first whose inclusive mass exceeds the
+/// target).
+#[inline(always)]
+pub fn before_draw(inclusive: u64, target: f64) -> bool {
+    (inclusive as f64) <= target
+}
+
+/// The result of stage 2 on one row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drawn {
+    /// Slab entries top-p keeps (>= 1).
+    pub kept: u32,
+    /// Slab position of the drawn token (< `kept`).
+    pub position: u32,
+}
+
+/// Stage 2 over a sorted slab of composite keys, sequentially: the top-p
+/// cut and the position of the token drawn with uniform `u`; `None` for a
+/// row with no positive mass (invalid). The kernel computes the same
+/// integers with a parallel scan, so it draws the same position.
+pub fn draw_from_slab(slab: &[u64], top_p: f32, u: f32) -> Option<Drawn> {
+    let top = composite_bits(*slab.first()?);
+    let masses = || slab.iter().map(|&key| fixed_mass(composite_bits(key), top));
+    let total = masses().fold(0u64, u64::wrapping_add);
+    if total == 0 {
+        return None;
+    }
+    let threshold = top_p_threshold(top_p, total);
+    let mut exclusive = 0u64;
+    let mut kept = 0u32;
+    let mut kept_mass = 0u64;
+    for (i, w) in (0u32..).zip(masses()) {
+        if !top_p_keeps(i, exclusive, threshold) {
+            break;
+        }
+        exclusive = exclusive.wrapping_add(w);
+        kept = i + 1;
+        kept_mass = exclusive;
+    }
+    let target = draw_target(u, kept_mass);
+    let mut inclusive = 0u64;
+    let position = (0u32..kept)
+        .zip(masses())
+        .take_while(|&(_, w)| {
+            inclusive = inclusive.wrapping_add(w);
+            before_draw(inclusive, target)
+        })
+        .count() as u32;
+    Some(Drawn {
+        kept,
+        position: position.min(kept - 1),
+    })
+}
+
+/// What [`select_slab`] found.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuSelect {
+    /// The sorted slab: `slab_len(top_k, V)` composite keys.
+    pub slab: Vec<u64>,
+    /// Radix passes run.
+    pub passes: u32,
+    /// Keys gathered after the last pass (at most [`GATHER_CAP`]).
+    pub gathered: u32,
+}
+
+/// Stage 1 run on the CPU as the kernels run it: the row split into
+/// `ctas` chunks whose histograms are summed, the passes of
+/// [`RadixSelect`] with the crossing found group by group, the gather and
+/// the bitonic sort. Tests hold the GPU's slab to it bit for bit.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn select_slab(row: &[f32], top_k: u32, ctas: u32) -> CpuSelect {
+    let vocab = row.len().min(crate::sample::MAX_VOCAB as usize) as u32;
+    let key = |j: u32| composite(prob_bits(row[j as usize]), j);
+    let k = slab_len(top_k, vocab);
+    let chunk = vocab.div_ceil(ctas.max(1)).max(1);
+    let mut sel = RadixSelect::new(k);
+    let threshold = loop {
+        let mut hist = [0u32; BUCKETS as usize];
+        // Per-CTA histograms, summed: the order of the sum is immaterial.
+        for c in 0..vocab.div_ceil(chunk) {
+            for j in c * chunk..((c + 1) * chunk).min(vocab) {
+                if let Some(d) = sel.digit(key(j)) {
+                    hist[d as usize] += 1;
+                }
+            }
+        }
+        let mut above = 0u32;
+        // A crossing always exists (the range holds at least `need` keys);
+        // the kernel's default when none were found is this one.
+        let mut crossing = Crossing {
+            digit: 0,
+            above: 0,
+            count: 0,
+        };
+        for g in (0..BUCKETS / 4).rev() {
+            let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
+            if let Some(x) = crossing_in_group(c, g, above, sel.need()) {
+                crossing = x;
+                break;
+            }
+            above += c.iter().sum::<u32>();
+        }
+        if let Some(t) = sel.advance(crossing) {
+            break t;
+        }
+    };
+    let mut buf: Vec<u64> = (0..vocab).map(key).filter(|&x| x >= threshold).collect();
+    let gathered = buf.len() as u32;
+    let n = buf.len().max(2).next_power_of_two() as u32;
+    buf.resize(n as usize, 0);
+    let mut size = 2;
+    while size <= n {
+        let mut stride = size / 2;
+        while stride > 0 {
+            for i in 0..n / 2 {
+                let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                let (a, b) = (buf[lo as usize], buf[hi as usize]);
+                if (a < b) == desc && a != b {
+                    buf.swap(lo as usize, hi as usize);
+                }
+            }
+            stride /= 2;
+        }
+        size *= 2;
+    }
+    buf.truncate(k as usize);
+    CpuSelect {
+        slab: buf,
+        passes: sel.passes(),
+        gathered,
+    }
+}
+
+/// Kernel parameters of `radix_topk_*` (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RadixArgs {
+    /// Rows.
+    pub batch: u32,
+    /// Elements per row.
+    pub vocab: u32,
+    /// Elements between the starts of consecutive rows (>= `vocab`).
+    pub row_stride: u64,
+    /// Elements per CTA of a row: CTA `c` owns `[c chunk, (c + 1) chunk)`.
+    pub chunk: u32,
+    /// u32 slots of each CTA's shared-memory copy of its chunk (a multiple
+    /// of 4; slots past it are read again from global memory).
+    pub cache_slots: u32,
+    /// [`MODE_SLAB`] and / or [`MODE_SAMPLE`].
+    pub mode: u32,
+    /// Reserved, 0.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<RadixArgs>() == 32);
+const _: () = assert!(core::mem::align_of::<RadixArgs>() == 8);
+
+/// `RadixArgs::mode` bit: write the slab (values, indices, count).
+pub const MODE_SLAB: u32 = 1;
+/// `RadixArgs::mode` bit: top-p and one draw per row (tokens, valid).
+pub const MODE_SAMPLE: u32 = 2;
+
+/// Threads per CTA of the radix kernels.
+pub const RADIX_THREADS: u32 = 512;
+
+/// Dynamic shared memory of a radix CTA before its chunk cache: two
+/// histograms, the gather buffer and 512 bytes of reduction scratch.
+pub const RADIX_FIXED_SMEM: u32 = 2 * BUCKETS * 4 + GATHER_CAP * 8 + 512;
+
+/// Dynamic shared memory of a radix CTA caching `cache_slots` elements.
+pub const fn radix_smem_bytes(cache_slots: u32) -> u32 {
+    RADIX_FIXED_SMEM + 4 * cache_slots
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    /// A tiny deterministic generator (no dependencies in this crate).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as u32
+        }
+        fn below(&mut self, n: u32) -> u32 {
+            self.next() % n
+        }
+    }
+
+    /// The top `k'` composite keys by sorting.
+    fn sorted_top(row: &[f32], top_k: u32) -> Vec<u64> {
+        let mut keys: Vec<u64> = (0..row.len() as u32)
+            .map(|j| composite(prob_bits(row[j as usize]), j))
+            .collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        keys.truncate(slab_len(top_k, row.len() as u32) as usize);
+        keys
+    }
+
+    fn row(rng: &mut Lcg, kind: u32, vocab: usize) -> Vec<f32> {
+        (0..vocab)
+            .map(|_| match kind {
+                // Softmax-like: exponents spread over many octaves.
+                0 => f32::from_bits(0x2000_0000 + rng.below(0x1f00_0000)),
+                // Few distinct values: ties everywhere.
+                1 => (rng.below(3) as f32) * 0.25,
+                // Mostly zero (underflowed), some bad values.
+                2 => match rng.below(10) {
+                    0 => f32::NAN,
+                    1 => -0.5,
+                    2 => f32::INFINITY,
+                    3 => 1.0e-3 * (1 + rng.below(5)) as f32,
+                    4 => f32::from_bits(rng.below(0x0080_0000)),
+                    _ => 0.0,
+                },
+                // A narrow band of values: crowded buckets.
+                _ => 0.5 + (rng.below(1 << 12) as f32) * 1.0e-7,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keys_follow_the_total_order() {
+        assert_eq!(prob_bits(f32::NAN), 0);
+        assert_eq!(prob_bits(-1.0), 0);
+        assert_eq!(prob_bits(-0.0), 0);
+        assert_eq!(prob_bits(f32::INFINITY), 0);
+        assert_eq!(prob_bits(1.0e-45), 1);
+        assert!(composite(prob_bits(0.5), 7) > composite(prob_bits(0.25), 0));
+        assert!(composite(5, 3) > composite(5, 4));
+        assert_eq!(composite_index(composite(9, 123_456)), 123_456);
+        assert_eq!(composite_bits(composite(9, 4)), 9);
+        assert!(composite(0x7f7f_ffff, 0) < 1 << KEY_BITS);
+        for bits in [0u32, 1, 0x0010_0000, 0x3f80_0000, 0x7f7f_ffff] {
+            let d = RadixSelect::new(1).digit(composite(bits, 77));
+            assert_eq!(d, Some(first_digit(bits)));
+        }
+        assert_eq!(slab_len(0, 10), 1);
+        assert_eq!(slab_len(50, 10), 10);
+        assert_eq!(slab_len(5000, 1 << 20), SLAB);
+    }
+
+    #[test]
+    fn bitonic_network_sorts_descending() {
+        let mut rng = Lcg(3);
+        for n in [2u32, 4, 8, 64, 1024, 2048] {
+            let mut v: Vec<u64> = (0..n).map(|_| u64::from(rng.below(50))).collect();
+            let mut want = v.clone();
+            want.sort_unstable_by(|a, b| b.cmp(a));
+            let mut size = 2;
+            while size <= n {
+                let mut stride = size / 2;
+                while stride > 0 {
+                    let mut touched = std::vec![false; n as usize];
+                    for i in 0..n / 2 {
+                        let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                        assert!(!touched[lo as usize] && !touched[hi as usize]);
+                        touched[lo as usize] = true;
+                        touched[hi as usize] = true;
+                        let (a, b) = (v[lo as usize], v[hi as usize]);
+                        if (a < b) == desc && a != b {
+                            v.swap(lo as usize, hi as usize);
+                        }
+                    }
+                    stride /= 2;
+                }
+                size *= 2;
+            }
+            assert_eq!(v, want, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn crossing_is_found_in_exactly_one_group() {
+        let mut rng = Lcg(5);
+        for _ in 0..2000 {
+            let hist: Vec<u32> = (0..BUCKETS)
+                .map(|_| if rng.below(4) == 0 { rng.below(9) } else { 0 })
+                .collect();
+            let total: u32 = hist.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let need = 1 + rng.below(total);
+            let mut above = 0;
+            let mut found = Vec::new();
+            for g in (0..BUCKETS / 4).rev() {
+                let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
+                if let Some(x) = crossing_in_group(c, g, above, need) {
+                    found.push(x);
+                }
+                above += c.iter().sum::<u32>();
+            }
+            assert_eq!(found.len(), 1);
+            let x = found[0];
+            let higher: u32 = hist[x.digit as usize + 1..].iter().sum();
+            assert_eq!((x.above, x.count), (higher, hist[x.digit as usize]));
+            assert!(x.above < need && x.above + x.count >= need);
+        }
+    }
+
+    #[test]
+    fn cpu_select_matches_sorting() {
+        let mut rng = Lcg(11);
+        let mut passes = [0u32; MAX_PASSES as usize + 1];
+        for case in 0..400 {
+            let vocab = [1usize, 3, 111, 1024, 4099, 20_000][case % 6];
+            let kind = rng.below(4);
+            let r = row(&mut rng, kind, vocab);
+            for top_k in [1, 10, 50, 1000, 1024, vocab as u32] {
+                let ctas = 1 + rng.below(8);
+                let s = select_slab(&r, top_k, ctas);
+                assert_eq!(
+                    s.slab,
+                    sorted_top(&r, top_k),
+                    "V={vocab} kind {kind} k={top_k}"
+                );
+                assert!((1..=MAX_PASSES).contains(&s.passes));
+                assert!(s.gathered <= GATHER_CAP && s.gathered as usize >= s.slab.len());
+                passes[s.passes as usize] += 1;
+            }
+        }
+        // Crowded rows take a second or third pass, rows of many ties the
+        // fifth (index bits 18..8; the fourth, index bits 29..19, only
+        // splits vocabularies above 2^19).
+        assert!([1, 2, 3, 5].iter().all(|&p| passes[p] > 0), "{passes:?}");
+    }
+
+    #[test]
+    fn fixed_masses_are_exact_near_the_top_and_sum_without_overflow() {
+        let top = 1.5f32.to_bits();
+        assert_eq!(fixed_mass(top, top), 0x00c0_0000 << MASS_SHIFT);
+        assert_eq!(
+            fixed_mass(0.75f32.to_bits(), top),
+            0x00c0_0000 << (MASS_SHIFT - 1)
+        );
+        assert_eq!(fixed_mass(0, top), 0);
+        // 2^-40 of the top is truncated, 2^-60 vanishes.
+        assert_eq!(
+            fixed_mass((1.5f32 * 2f32.powi(-40)).to_bits(), top),
+            0x00c0_0000 >> 10
+        );
+        assert_eq!(fixed_mass((1.5f32 * 2f32.powi(-60)).to_bits(), top), 0);
+        // Subnormals: 2^-149 against 2^-100 is 2^-49 of the top's 2^53.
+        assert_eq!(fixed_mass(1, 1), 1 << MASS_SHIFT);
+        assert_eq!(fixed_mass(1, 2f32.powi(-100).to_bits()), 1 << 4);
+        let big = f32::MAX.to_bits();
+        let total = (0..SLAB).fold(0u64, |s, _| s.checked_add(fixed_mass(big, big)).unwrap());
+        assert!(total > 0);
+        // Relative to f64 the masses agree to 2^-53 of the largest.
+        let mut rng = Lcg(7);
+        for _ in 0..1000 {
+            let t = f32::from_bits(0x3000_0000 + rng.below(0x1000_0000));
+            let x = t * (rng.below(1000) as f32 / 1000.0);
+            let w = fixed_mass(prob_bits(x), t.to_bits()) as f64;
+            let scale = 2f64.powi(MASS_SHIFT + 150 - (t.to_bits() >> 23) as i32);
+            let exact = f64::from(x) * scale;
+            assert!(w <= exact && exact - w < 1.0, "{x} {t}");
+        }
+    }
+
+    #[test]
+    fn draws_follow_the_cut_and_the_uniform() {
+        let slab: Vec<u64> = [0.5f32, 0.25, 0.125, 0.125, 0.0]
+            .iter()
+            .enumerate()
+            .map(|(j, &x)| composite(prob_bits(x), j as u32))
+            .collect();
+        // Exclusive masses 0, .5, .75, .875, 1 (of 1): top-p 0.75 keeps
+        // exactly two (the third's exclusive mass equals the threshold).
+        let d = draw_from_slab(&slab, 0.75, 0.1).unwrap();
+        assert_eq!(
+            d,
+            Drawn {
+                kept: 2,
+                position: 0
+            }
+        );
+        // Renormalised over 0.75: u = 0.7 lands in the second (0.5 / 0.75
+        // = 0.667).
+        assert_eq!(draw_from_slab(&slab, 0.75, 0.7).unwrap().position, 1);
+        assert_eq!(draw_from_slab(&slab, 0.76, 0.9999).unwrap().kept, 3);
+        // top-p 1 keeps the zero too, which is never drawn.
+        let all = draw_from_slab(&slab, 1.0, 0.999_999).unwrap();
+        assert_eq!(
+            all,
+            Drawn {
+                kept: 5,
+                position: 3
+            }
+        );
+        assert_eq!(draw_from_slab(&slab, 1.0e-9, 0.999).unwrap().kept, 1);
+        assert_eq!(draw_from_slab(&[composite(0, 0)], 0.5, 0.5), None);
+        assert_eq!(draw_from_slab(&[], 0.5, 0.5), None);
+    }
+
+    #[test]
+    fn prob_logits_are_monotone() {
+        let xs = [1.0e-45f32, 1.0e-40, 1.0e-38, 1.0e-10, 0.1, 0.5, 1.0];
+        for w in xs.windows(2) {
+            assert!(prob_logit(prob_bits(w[0])) < prob_logit(prob_bits(w[1])));
+        }
+        assert_eq!(prob_logit(0), f32::NEG_INFINITY);
+        assert!((prob_logit(prob_bits(0.5)) - 0.5f32.ln()).abs() < 1e-6);
+        let smallest = f64::from(f32::from_bits(1)).ln() as f32;
+        assert!((prob_logit(1) - smallest).abs() < 1e-4);
+    }
+}

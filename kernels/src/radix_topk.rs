@@ -1,0 +1,1192 @@
+//! `radix_topk`: exact per-row top-k of f32 probabilities into a sorted
+//! `[batch, SLAB]` slab by radix select, and sparse top-p sampling from it
+//! (issue 5, FlashInfer's "cake" route). The decisions are the portable
+//! functions of [`crate::radix_select`]; see its docs for the algorithm.
+//!
+//! The CTAs of a row each own a chunk of it. The streaming pass reads the
+//! chunk once from global memory, keeps its clean bits in shared memory
+//! (`cache_slots` of them; the rest is read again from L2 by later passes)
+//! and histograms the first digit; the CTAs then exchange histograms, and
+//! every CTA finds the same crossing bucket. Later passes (crowded buckets,
+//! ties) run over the cached chunk. The gather sends every key at or above
+//! the crossing bucket to the row's first CTA, which sorts them with a
+//! bitonic network, writes the slab and (stage 2, fused for every `k`)
+//! draws the row's token. Two exchanges:
+//!
+//! - [`radix_topk_cluster_f32`]: on sm_90, the row's CTAs form a thread
+//!   block cluster and exchange through distributed shared memory
+//!   (`mapa`, `ld`/`st`/`atom.shared::cluster`, `barrier.cluster`); on
+//!   older GPUs (no clusters) the same entry point runs one CTA per row.
+//! - [`radix_topk_coop_f32`]: a cooperative launch whose CTAs exchange
+//!   through global memory and a per-row grid barrier (the multi-CTA
+//!   fallback of GPUs without clusters, runnable on every GPU).
+//!
+//! Every exchange and every sum is exact (integer counts, integer masses),
+//! so the slab and the token of a row do not depend on the number of CTAs,
+//! the exchange or the batch.
+//!
+//! # Launch
+//! Block [`RADIX_THREADS`] (exactly); grid `(ctas, rows_in_flight)` with
+//! `ctas * chunk >= vocab`; rows `blockIdx.y, blockIdx.y + gridDim.y, ..`;
+//! dynamic shared memory [`radix_smem_bytes`]`(args.cache_slots)`, with
+//! `args.cache_slots` a multiple of 4. The cluster kernel: cluster
+//! `(ctas, 1, 1)` on sm_90 (no cluster, `ctas = 1`, elsewhere). The
+//! cooperative kernel: a cooperative launch (all CTAs resident).
+//!
+//! # Safety (caller)
+//! `probs` holds `batch` rows `row_stride` elements apart with `vocab`
+//! readable each; `top_k` holds `batch` elements, and with
+//! [`MODE_SAMPLE`] `top_p`, `seed`, `offset`, `tokens`, `valid` do; with
+//! [`MODE_SLAB`] `slab_values` and `slab_indices` hold `batch * SLAB`
+//! elements and `slab_counts` `batch`; the cooperative kernel's workspace
+//! holds, per grid row `y`, `2 * ctas * BUCKETS` histogram words,
+//! `GATHER_CAP` gather words, a gather count that is 0 before the launch
+//! (every launch leaves it 0) and a barrier word; no other thread of the
+//! device writes any of these during the launch.
+
+use crate::arch;
+use crate::noise;
+use crate::philox;
+use crate::radix_select::{
+    BUCKETS, Crossing, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS,
+    RadixArgs, RadixSelect, SLAB, before_draw, bitonic_pair, composite, composite_bits,
+    composite_index, crossing_in_group, draw_target, first_digit, fixed_mass, prob_bits,
+    prob_logit, slab_len, top_p_keeps, top_p_threshold,
+};
+
+const THREADS: u32 = RADIX_THREADS;
+const WARPS: u32 = THREADS / 32;
+
+// One digit group of four buckets per thread in the crossing search, two
+// slab entries per thread in stage 2, two compare-exchanges per thread and
+// sorting stage.
+const _: () = assert!(BUCKETS == 4 * THREADS);
+const _: () = assert!(SLAB == 2 * THREADS);
+const _: () = assert!(GATHER_CAP == 4 * THREADS);
+
+/// A 16-byte aligned group of four clean bits (the cache's unit, and the
+/// type of the dynamic shared memory, for its alignment).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Quad([u32; 4]);
+
+// Dynamic shared memory, in bytes from its base: two histograms, the
+// gather buffer, reduction scratch, then the chunk cache.
+const HIST_BYTES: usize = BUCKETS as usize * 4;
+const GATHER_OFF: usize = 2 * HIST_BYTES;
+const SCRATCH_OFF: usize = GATHER_OFF + GATHER_CAP as usize * 8;
+const CACHE_OFF: usize = RADIX_FIXED_SMEM as usize;
+// Scratch: per-warp scan partials (u64), then control words (u32).
+const CTL_OFF: usize = SCRATCH_OFF + WARPS as usize * 8;
+const CTL_DIGIT: usize = 0;
+const CTL_ABOVE: usize = 1;
+const CTL_COUNT: usize = 2;
+const CTL_GATHERED: usize = 3;
+const CTL_MASS: usize = 4; // a u64 in words 4 and 5
+const CTL_WORDS: usize = 6;
+
+const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= CACHE_OFF);
+const _: () = assert!(CACHE_OFF.is_multiple_of(16) && GATHER_OFF.is_multiple_of(16));
+const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_multiple_of(8));
+
+/// The block's dynamic shared memory, by region.
+#[derive(Clone, Copy)]
+struct Smem(*mut u8);
+
+impl Smem {
+    #[inline(always)]
+    fn new() -> Smem {
+        Smem(arch::dynamic_shared::<Quad>() as *mut u8)
+    }
+
+    /// The histogram of pass parity `parity` (0 or 1).
+    #[inline(always)]
+    fn hist(self, parity: u32) -> *mut u32 {
+        // SAFETY (of the offset): both histograms lie in the fixed part.
+        unsafe { self.0.add(parity as usize * HIST_BYTES) as *mut u32 }
+    }
+
+    #[inline(always)]
+    fn gather(self) -> *mut u64 {
+        // SAFETY (of the offset): inside the fixed part.
+        unsafe { self.0.add(GATHER_OFF) as *mut u64 }
+    }
+
+    #[inline(always)]
+    fn warp_partials(self) -> *mut u64 {
+        // SAFETY (of the offset): inside the fixed part.
+        unsafe { self.0.add(SCRATCH_OFF) as *mut u64 }
+    }
+
+    #[inline(always)]
+    fn ctl(self, word: usize) -> *mut u32 {
+        // SAFETY (of the offset): inside the fixed part.
+        unsafe { (self.0.add(CTL_OFF) as *mut u32).add(word) }
+    }
+
+    #[inline(always)]
+    fn cache(self) -> *mut Quad {
+        // SAFETY (of the offset): the cache follows the fixed part.
+        unsafe { self.0.add(CACHE_OFF) as *mut Quad }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Block scans.
+// ---------------------------------------------------------------------------
+
+/// The exclusive prefix sum of `v` over the block's threads in thread
+/// order, and the block's total (integer sums: exact in any order).
+///
+/// # Safety
+/// Every thread of the block calls it; the scratch is not used meanwhile.
+#[inline(always)]
+unsafe fn block_scan(v: u64, smem: Smem) -> (u64, u64) {
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let mut inc = v;
+    let mut d = 1;
+    while d < 32 {
+        let lo = arch::shfl_up_u32(inc as u32, d);
+        let hi = arch::shfl_up_u32((inc >> 32) as u32, d);
+        if lane >= d {
+            inc = inc.wrapping_add((u64::from(hi) << 32) | u64::from(lo));
+        }
+        d <<= 1;
+    }
+    let partials = smem.warp_partials();
+    // SAFETY: WARPS partial slots in the scratch; the barriers separate the
+    // writes from the reads and the reads from the next call's writes.
+    unsafe {
+        if lane == 31 {
+            *partials.add((tid / 32) as usize) = inc;
+        }
+        arch::bar_sync();
+        let (mut before, mut total) = (0u64, 0u64);
+        let mut w = 0;
+        while w < WARPS {
+            let t = *partials.add(w as usize);
+            if w < tid / 32 {
+                before = before.wrapping_add(t);
+            }
+            total = total.wrapping_add(t);
+            w += 1;
+        }
+        arch::bar_sync();
+        (before.wrapping_add(inc).wrapping_sub(v), total)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// How the CTAs of a row exchange histograms and gathered keys.
+// ---------------------------------------------------------------------------
+
+/// The exchange between the CTAs of a row. Every method is called by every
+/// thread of every CTA of the row, in the same order.
+trait Exchange {
+    /// This CTA's rank among the row's CTAs.
+    fn rank(&self) -> u32;
+    /// The row's CTAs.
+    fn size(&self) -> u32;
+    /// Starts a row: rank 0 zeroes its gather count (before the row's
+    /// first [`Exchange::share`], which no push precedes).
+    ///
+    /// # Safety
+    /// The launch contract.
+    unsafe fn begin_row(&self, smem: Smem);
+    /// Publishes this CTA's finished histogram of `parity` and waits until
+    /// every CTA of the row did: [`Exchange::load4`] then reads them.
+    ///
+    /// # Safety
+    /// The launch contract.
+    unsafe fn share(&self, smem: Smem, parity: u32);
+    /// Digit group `group` of CTA `rank`'s histogram of `parity`.
+    ///
+    /// # Safety
+    /// After the [`Exchange::share`] of `parity`, before the next one.
+    unsafe fn load4(&self, smem: Smem, parity: u32, rank: u32, group: u32) -> [u32; 4];
+    /// Reserves `n` positions of the row's gather buffer.
+    ///
+    /// # Safety
+    /// The launch contract.
+    unsafe fn reserve(&self, smem: Smem, n: u32) -> u32;
+    /// Stores a gathered key at a reserved position.
+    ///
+    /// # Safety
+    /// `pos` was reserved and is below [`GATHER_CAP`].
+    unsafe fn push(&self, smem: Smem, pos: u32, key: u64);
+    /// Waits until every CTA of the row pushed its keys; on rank 0 they
+    /// then lie in its gather buffer, and their count is returned.
+    ///
+    /// # Safety
+    /// The launch contract.
+    unsafe fn end_gather(&self, smem: Smem) -> u32;
+}
+
+/// Rank 0 zeroes its shared gather count.
+///
+/// # Safety
+/// The launch contract.
+#[inline(always)]
+unsafe fn zero_gather_count(rank: u32, smem: Smem) {
+    if rank == 0 && arch::thread_idx_x() == 0 {
+        // SAFETY: a control word of this block.
+        unsafe { core::ptr::write_volatile(smem.ctl(CTL_GATHERED), 0) };
+    }
+}
+
+/// One CTA per row: its own shared memory (GPUs without clusters).
+#[cfg(not(target_feature = "sm_90"))]
+struct Solo;
+
+#[cfg(not(target_feature = "sm_90"))]
+impl Exchange for Solo {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        1
+    }
+    #[inline(always)]
+    unsafe fn begin_row(&self, smem: Smem) {
+        // SAFETY: forwarded.
+        unsafe { zero_gather_count(0, smem) }
+    }
+    #[inline(always)]
+    unsafe fn share(&self, _smem: Smem, _parity: u32) {
+        arch::bar_sync();
+    }
+    #[inline(always)]
+    unsafe fn load4(&self, smem: Smem, parity: u32, _rank: u32, group: u32) -> [u32; 4] {
+        // SAFETY: a group of this block's histogram (16-byte aligned).
+        unsafe { (*(smem.hist(parity) as *const Quad).add(group as usize)).0 }
+    }
+    #[inline(always)]
+    unsafe fn reserve(&self, smem: Smem, n: u32) -> u32 {
+        // SAFETY: a control word of this block.
+        unsafe { arch::atom_shared_add_u32(arch::smem_addr(smem.ctl(CTL_GATHERED)), n) }
+    }
+    #[inline(always)]
+    unsafe fn push(&self, smem: Smem, pos: u32, key: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { *smem.gather().add(pos as usize) = key };
+    }
+    #[inline(always)]
+    unsafe fn end_gather(&self, smem: Smem) -> u32 {
+        arch::bar_sync();
+        // SAFETY: a control word of this block, final after the barrier.
+        unsafe { core::ptr::read_volatile(smem.ctl(CTL_GATHERED)) }
+    }
+}
+
+/// The CTAs of a row form a cluster and use each other's shared memory.
+#[cfg(target_feature = "sm_90")]
+struct Dsmem;
+
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+fn cluster_sync() {
+    arch::barrier_cluster_arrive();
+    arch::barrier_cluster_wait();
+}
+
+#[cfg(target_feature = "sm_90")]
+impl Exchange for Dsmem {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        arch::cluster_ctarank()
+    }
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        arch::cluster_nctarank()
+    }
+    #[inline(always)]
+    unsafe fn begin_row(&self, smem: Smem) {
+        // SAFETY: forwarded.
+        unsafe { zero_gather_count(self.rank(), smem) }
+    }
+    #[inline(always)]
+    unsafe fn share(&self, _smem: Smem, _parity: u32) {
+        // Release / acquire: every CTA's histogram writes are visible to
+        // every CTA of the cluster after it.
+        cluster_sync();
+    }
+    #[inline(always)]
+    unsafe fn load4(&self, smem: Smem, parity: u32, rank: u32, group: u32) -> [u32; 4] {
+        // SAFETY (of the offset): a group of the histogram.
+        let local = unsafe { smem.hist(parity).add(4 * group as usize) };
+        let remote = arch::mapa_shared_cluster(arch::smem_addr(local), rank);
+        // SAFETY: 16-byte aligned; every CTA of the cluster runs until the
+        // row's last cluster barrier, after every read.
+        unsafe { arch::ld_shared_cluster_v4_u32(remote) }
+    }
+    #[inline(always)]
+    unsafe fn reserve(&self, smem: Smem, n: u32) -> u32 {
+        let remote = arch::mapa_shared_cluster(arch::smem_addr(smem.ctl(CTL_GATHERED)), 0);
+        // SAFETY: rank 0's control word; rank 0 runs until after the gather.
+        unsafe { arch::atom_shared_cluster_add_u32(remote, n) }
+    }
+    #[inline(always)]
+    unsafe fn push(&self, smem: Smem, pos: u32, key: u64) {
+        // SAFETY (of the offset): the caller's contract.
+        let local = unsafe { smem.gather().add(pos as usize) };
+        let remote = arch::mapa_shared_cluster(arch::smem_addr(local), 0);
+        // SAFETY: rank 0's gather buffer; rank 0 runs until after the gather.
+        unsafe { arch::st_shared_cluster_u64(remote, key) };
+    }
+    #[inline(always)]
+    unsafe fn end_gather(&self, smem: Smem) -> u32 {
+        cluster_sync();
+        // SAFETY: a control word of this block, final after the barrier
+        // (only rank 0's value is used).
+        unsafe { core::ptr::read_volatile(smem.ctl(CTL_GATHERED)) }
+    }
+}
+
+/// The CTAs of a row exchange through global memory (a cooperative
+/// launch: all CTAs are resident, so the grid barrier cannot deadlock).
+struct Global {
+    /// Histograms: per grid row, parity and rank, [`BUCKETS`] words.
+    hist: *mut u32,
+    /// Gather buffers: per grid row, [`GATHER_CAP`] keys.
+    gather: *mut u64,
+    /// Gather counts: per grid row, 0 between rows.
+    count: *mut u32,
+    /// Barrier words: per grid row.
+    barrier: *mut u32,
+    /// This CTA's grid row.
+    slot: u32,
+}
+
+impl Global {
+    /// A barrier of the row's CTAs: each adds 1, rank 0 adds `2^31 -
+    /// (size - 1)`, so the word's top bit flips once all arrived and its
+    /// other bits come back to their start (no reset needed).
+    ///
+    /// # Safety
+    /// Every thread of every CTA of the row calls it; all are resident.
+    #[inline(always)]
+    unsafe fn sync(&self) {
+        arch::bar_sync();
+        if arch::thread_idx_x() == 0 {
+            let size = self.size();
+            let add = if self.rank() == 0 {
+                0x8000_0000u32.wrapping_sub(size - 1)
+            } else {
+                1
+            };
+            // SAFETY: the row's barrier word.
+            unsafe {
+                let word = self.barrier.add(self.slot as usize);
+                arch::fence_acq_rel_gpu();
+                let old = arch::atom_add_acq_rel_gpu_u32(word, add);
+                while (arch::ld_relaxed_gpu_u32(word) ^ old) & 0x8000_0000 == 0 {}
+            }
+            arch::fence_acq_rel_gpu();
+        }
+        arch::bar_sync();
+    }
+
+    /// The global histogram of `parity` and `rank` of this grid row.
+    #[inline(always)]
+    fn hist_of(&self, parity: u32, rank: u32) -> *mut u32 {
+        let at = ((self.slot * 2 + parity) * self.size() + rank) as usize * BUCKETS as usize;
+        // SAFETY (of the offset): the workspace holds 2 * size histograms
+        // per grid row (the launch contract).
+        unsafe { self.hist.add(at) }
+    }
+}
+
+impl Exchange for Global {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        arch::block_idx_x()
+    }
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        arch::grid_dim_x()
+    }
+    #[inline(always)]
+    unsafe fn begin_row(&self, _smem: Smem) {
+        // The global count is 0 between rows.
+    }
+    #[inline(always)]
+    unsafe fn share(&self, smem: Smem, parity: u32) {
+        arch::bar_sync();
+        let g = arch::thread_idx_x() as usize;
+        // SAFETY: one 16-byte group per thread, of this CTA's histogram in
+        // shared memory and of its slot in the workspace.
+        unsafe {
+            let from = (smem.hist(parity) as *const Quad).add(g);
+            *(self.hist_of(parity, self.rank()) as *mut Quad).add(g) = *from;
+            self.sync();
+        }
+    }
+    #[inline(always)]
+    unsafe fn load4(&self, _smem: Smem, parity: u32, rank: u32, group: u32) -> [u32; 4] {
+        // SAFETY: written by CTA `rank` before the barrier of `share`.
+        unsafe {
+            let p = self.hist_of(parity, rank).add(4 * group as usize);
+            [
+                arch::ld_relaxed_gpu_u32(p),
+                arch::ld_relaxed_gpu_u32(p.add(1)),
+                arch::ld_relaxed_gpu_u32(p.add(2)),
+                arch::ld_relaxed_gpu_u32(p.add(3)),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn reserve(&self, _smem: Smem, n: u32) -> u32 {
+        // SAFETY: the row's count word.
+        unsafe { arch::atom_add_acq_rel_gpu_u32(self.count.add(self.slot as usize), n) }
+    }
+    #[inline(always)]
+    unsafe fn push(&self, _smem: Smem, pos: u32, key: u64) {
+        let at = self.slot as usize * GATHER_CAP as usize + pos as usize;
+        // SAFETY: the caller's contract.
+        unsafe { *self.gather.add(at) = key };
+    }
+    #[inline(always)]
+    unsafe fn end_gather(&self, smem: Smem) -> u32 {
+        // SAFETY: the row's words; every push precedes the barrier.
+        unsafe {
+            self.sync();
+            if self.rank() != 0 {
+                return 0;
+            }
+            let count_word = self.count.add(self.slot as usize);
+            let n = arch::ld_relaxed_gpu_u32(count_word);
+            let from = self.gather.add(self.slot as usize * GATHER_CAP as usize);
+            let mut i = arch::thread_idx_x();
+            while i < n && i < GATHER_CAP {
+                *smem.gather().add(i as usize) = arch::ld_relaxed_gpu_u64(from.add(i as usize));
+                i += THREADS;
+            }
+            // Every thread has read the count; the next row's pushes come
+            // after its first barrier.
+            arch::bar_sync();
+            if arch::thread_idx_x() == 0 {
+                *count_word = 0;
+            }
+            n
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A CTA's chunk of its row.
+// ---------------------------------------------------------------------------
+
+/// This CTA's elements of a row, as 16-byte groups of "slots": slot `s` is
+/// element `start + s - misalign`, so that group `g` (slots `4g .. 4g + 4`)
+/// is one aligned vector in global memory and one [`Quad`] of the cache.
+#[derive(Clone, Copy)]
+struct Chunk {
+    /// Address of slot 0.
+    base: *const f32,
+    /// Row index of slot 0, wrapping (slot 0 may precede the row).
+    first: u32,
+    /// Slots before the chunk's first element (0..4).
+    misalign: u32,
+    /// `misalign` + the chunk's elements.
+    end: u32,
+    /// Groups covering the slots.
+    groups: u32,
+    /// Groups held in the shared-memory cache.
+    cached: u32,
+}
+
+impl Chunk {
+    #[inline(always)]
+    fn new(row: *const f32, rank: u32, args: &RadixArgs) -> Chunk {
+        let start = rank.saturating_mul(args.chunk).min(args.vocab);
+        let len = (args.vocab - start).min(args.chunk);
+        // SAFETY (of the offset): `start <= vocab`.
+        let p = unsafe { row.add(start as usize) };
+        let misalign = ((p as usize / 4) & 3) as u32;
+        let end = misalign + len;
+        let groups = end.div_ceil(4);
+        Chunk {
+            // Never dereferenced before the row: slots below `misalign` are
+            // read only as part of a whole aligned vector that starts in
+            // the row, or not at all.
+            base: p.wrapping_sub(misalign as usize),
+            first: start.wrapping_sub(misalign),
+            misalign,
+            end,
+            groups,
+            cached: groups.min(args.cache_slots / 4),
+        }
+    }
+
+    /// Whether slot `s` holds an element of the chunk.
+    #[inline(always)]
+    fn valid(&self, s: u32) -> bool {
+        s >= self.misalign && s < self.end
+    }
+
+    /// The clean bits of group `g` read from global memory (0 for slots
+    /// outside the chunk): one vector load inside, scalar loads at the
+    /// chunk's ends.
+    ///
+    /// # Safety
+    /// `g < groups`; the row is readable (the launch contract).
+    #[inline(always)]
+    unsafe fn load(&self, g: u32) -> [u32; 4] {
+        let s = 4 * g;
+        // SAFETY: every slot read lies in the chunk.
+        unsafe {
+            if s >= self.misalign && s + 4 <= self.end {
+                let v = arch::ld_global_nc_v4_u32(self.base.add(s as usize) as *const u32);
+                [
+                    prob_bits(f32::from_bits(v[0])),
+                    prob_bits(f32::from_bits(v[1])),
+                    prob_bits(f32::from_bits(v[2])),
+                    prob_bits(f32::from_bits(v[3])),
+                ]
+            } else {
+                let one = |e: u32| {
+                    if self.valid(s + e) {
+                        let p = self.base.add((s + e) as usize) as *const u32;
+                        prob_bits(f32::from_bits(arch::ld_global_nc_u32(p)))
+                    } else {
+                        0
+                    }
+                };
+                [one(0), one(1), one(2), one(3)]
+            }
+        }
+    }
+
+    /// Group `g`'s clean bits from the cache or, past it, global memory.
+    ///
+    /// # Safety
+    /// `g < groups`; the streaming pass filled the cache.
+    #[inline(always)]
+    unsafe fn group(&self, smem: Smem, g: u32) -> [u32; 4] {
+        // SAFETY: cached groups lie in the cache; the rest in the row.
+        unsafe {
+            if g < self.cached {
+                (*smem.cache().add(g as usize)).0
+            } else {
+                self.load(g)
+            }
+        }
+    }
+
+    /// The composite key of slot `s` with clean bits `bits`; `None` outside
+    /// the chunk.
+    #[inline(always)]
+    fn key(&self, s: u32, bits: u32) -> Option<u64> {
+        if self.valid(s) {
+            Some(composite(bits, self.first.wrapping_add(s)))
+        } else {
+            None
+        }
+    }
+
+    /// Calls `f(g, bits)` for this thread's groups `tid, tid + THREADS, ..`
+    /// in rounds that every thread of the block runs (`g >= groups` with
+    /// zero bits past the end), so `f` may use warp votes.
+    ///
+    /// # Safety
+    /// As [`Chunk::group`].
+    #[inline(always)]
+    unsafe fn for_each_round(&self, smem: Smem, mut f: impl FnMut(u32, [u32; 4])) {
+        let rounds = self.groups.div_ceil(THREADS);
+        let mut g = arch::thread_idx_x();
+        let mut r = 0;
+        while r < rounds {
+            let bits = if g < self.groups {
+                // SAFETY: the caller's contract.
+                unsafe { self.group(smem, g) }
+            } else {
+                [0; 4]
+            };
+            f(g, bits);
+            g += THREADS;
+            r += 1;
+        }
+    }
+}
+
+/// Counts digits into a shared histogram, one atomic per run of equal
+/// digits of a thread (zeros, ties and index digits come in runs).
+struct RunCounter {
+    hist: u32,
+    digit: u32,
+    run: u32,
+}
+
+impl RunCounter {
+    #[inline(always)]
+    fn new(hist: *mut u32) -> RunCounter {
+        RunCounter {
+            hist: arch::smem_addr(hist),
+            digit: 0,
+            run: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, digit: u32) {
+        if digit != self.digit {
+            self.flush();
+            self.digit = digit;
+        }
+        self.run += 1;
+    }
+
+    #[inline(always)]
+    fn flush(&mut self) {
+        if self.run > 0 {
+            // SAFETY: `digit < BUCKETS`, inside the histogram.
+            unsafe { arch::red_shared_add_u32(self.hist + 4 * self.digit, self.run) };
+            self.run = 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Stage 1.
+// ---------------------------------------------------------------------------
+
+/// Zeroes the histogram of `parity` (every thread, then a barrier).
+///
+/// # Safety
+/// Every thread of the block calls it.
+#[inline(always)]
+unsafe fn clear_hist(smem: Smem, parity: u32) {
+    let g = arch::thread_idx_x() as usize;
+    // SAFETY: one group of the histogram per thread.
+    unsafe { *(smem.hist(parity) as *mut Quad).add(g) = Quad([0; 4]) };
+    arch::bar_sync();
+}
+
+/// The streaming pass: reads the chunk once, fills the cache and
+/// histograms the first digit. Four vectors in flight per thread.
+///
+/// # Safety
+/// The launch contract; every thread calls it after [`clear_hist`].
+#[inline(always)]
+unsafe fn stream_pass(chunk: &Chunk, smem: Smem, hist: *mut u32) {
+    let tid = arch::thread_idx_x();
+    let mut counter = RunCounter::new(hist);
+    let mut visit = |g: u32, v: [u32; 4]| {
+        if g >= chunk.groups {
+            return;
+        }
+        if g < chunk.cached {
+            // SAFETY: a cached group.
+            unsafe { *smem.cache().add(g as usize) = Quad(v) };
+        }
+        let s = 4 * g;
+        if chunk.valid(s) {
+            counter.add(first_digit(v[0]));
+        }
+        if chunk.valid(s + 1) {
+            counter.add(first_digit(v[1]));
+        }
+        if chunk.valid(s + 2) {
+            counter.add(first_digit(v[2]));
+        }
+        if chunk.valid(s + 3) {
+            counter.add(first_digit(v[3]));
+        }
+    };
+    // SAFETY: groups below `groups` only.
+    let load = |g: u32| unsafe {
+        if g < chunk.groups {
+            chunk.load(g)
+        } else {
+            [0; 4]
+        }
+    };
+    let mut g = tid;
+    while g < chunk.groups {
+        let a = load(g);
+        let b = load(g + THREADS);
+        let c = load(g + 2 * THREADS);
+        let d = load(g + 3 * THREADS);
+        visit(g, a);
+        visit(g + THREADS, b);
+        visit(g + 2 * THREADS, c);
+        visit(g + 3 * THREADS, d);
+        g += 4 * THREADS;
+    }
+    counter.flush();
+}
+
+/// A refining pass over the cached chunk: histograms the current digit of
+/// the keys still in range.
+///
+/// # Safety
+/// The launch contract; every thread calls it after [`clear_hist`].
+#[inline(always)]
+unsafe fn refine_pass(chunk: &Chunk, smem: Smem, hist: *mut u32, sel: &RadixSelect) {
+    let mut counter = RunCounter::new(hist);
+    // SAFETY: forwarded.
+    unsafe {
+        chunk.for_each_round(smem, |g, bits| {
+            let s = 4 * g;
+            let mut one = |e: u32, b: u32| {
+                if let Some(d) = chunk.key(s + e, b).and_then(|k| sel.digit(k)) {
+                    counter.add(d);
+                }
+            };
+            one(0, bits[0]);
+            one(1, bits[1]);
+            one(2, bits[2]);
+            one(3, bits[3]);
+        });
+    }
+    counter.flush();
+}
+
+/// The crossing of this pass from every CTA's histogram of `parity`: thread
+/// `t` sums digit group `BUCKETS / 4 - 1 - t` over the CTAs, so that a scan
+/// in thread order counts the keys in higher groups.
+///
+/// # Safety
+/// Every thread of every CTA calls it after the pass's `share`.
+#[inline(always)]
+unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) -> Crossing {
+    let tid = arch::thread_idx_x();
+    let group = BUCKETS / 4 - 1 - tid;
+    let mut c = [0u32; 4];
+    let mut rank = 0;
+    // SAFETY: the caller's contract; control words of this block, written
+    // before the scan's barriers and read after the next barrier.
+    unsafe {
+        while rank < x.size() {
+            let v = x.load4(smem, parity, rank, group);
+            c = [c[0] + v[0], c[1] + v[1], c[2] + v[2], c[3] + v[3]];
+            rank += 1;
+        }
+        if tid == 0 {
+            // Never used in a well-formed row (a crossing always exists),
+            // but keeps a malformed one deterministic.
+            *smem.ctl(CTL_DIGIT) = 0;
+            *smem.ctl(CTL_ABOVE) = 0;
+            *smem.ctl(CTL_COUNT) = 0;
+        }
+        let (above, _) = block_scan(u64::from(c[0] + c[1] + c[2] + c[3]), smem);
+        if let Some(found) = crossing_in_group(c, group, above as u32, need) {
+            *smem.ctl(CTL_DIGIT) = found.digit;
+            *smem.ctl(CTL_ABOVE) = found.above;
+            *smem.ctl(CTL_COUNT) = found.count;
+        }
+        arch::bar_sync();
+        Crossing {
+            digit: *smem.ctl(CTL_DIGIT),
+            above: *smem.ctl(CTL_ABOVE),
+            count: *smem.ctl(CTL_COUNT),
+        }
+    }
+}
+
+/// Pushes every key of the chunk `>= threshold` to the row's gather
+/// buffer, one reservation per warp and group round.
+///
+/// # Safety
+/// Every thread calls it; at most [`GATHER_CAP`] keys of the row qualify.
+#[inline(always)]
+unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: u64) {
+    let lane = arch::thread_idx_x() % 32;
+    let lower = (1u32 << lane) - 1;
+    // SAFETY: forwarded; reserved positions stay below GATHER_CAP.
+    unsafe {
+        chunk.for_each_round(smem, |g, bits| {
+            let s = 4 * g;
+            let key = |e: u32, b: u32| chunk.key(s + e, b).filter(|&k| k >= threshold);
+            let k = [
+                key(0, bits[0]),
+                key(1, bits[1]),
+                key(2, bits[2]),
+                key(3, bits[3]),
+            ];
+            let m = [
+                arch::ballot(k[0].is_some()),
+                arch::ballot(k[1].is_some()),
+                arch::ballot(k[2].is_some()),
+                arch::ballot(k[3].is_some()),
+            ];
+            let n = [
+                m[0].count_ones(),
+                m[1].count_ones(),
+                m[2].count_ones(),
+                m[3].count_ones(),
+            ];
+            let total = n[0] + n[1] + n[2] + n[3];
+            if total == 0 {
+                return;
+            }
+            let mut base = 0;
+            if lane == 0 {
+                base = x.reserve(smem, total);
+            }
+            let base = arch::shfl_idx_u32(base, 0);
+            let at = [
+                base,
+                base + n[0],
+                base + n[0] + n[1],
+                base + n[0] + n[1] + n[2],
+            ];
+            let mut put = |e: usize| {
+                if let Some(key) = k[e] {
+                    let pos = at[e] + (m[e] & lower).count_ones();
+                    if pos < GATHER_CAP {
+                        x.push(smem, pos, key);
+                    }
+                }
+            };
+            put(0);
+            put(1);
+            put(2);
+            put(3);
+        });
+    }
+}
+
+/// Sorts the first `n` gathered keys descending (bitonic network over the
+/// next power of two, padded with 0, below every key).
+///
+/// # Safety
+/// Every thread of the block calls it; `n <= GATHER_CAP`.
+#[inline(always)]
+unsafe fn sort_gathered(smem: Smem, n: u32) {
+    let tid = arch::thread_idx_x();
+    let buf = smem.gather();
+    let n_pow2 = if n <= 2 {
+        2
+    } else {
+        1u32 << (32 - (n - 1).leading_zeros())
+    };
+    // SAFETY: positions below n_pow2 <= GATHER_CAP; a barrier after the
+    // padding and after every step.
+    unsafe {
+        let mut i = n + tid;
+        while i < n_pow2 {
+            *buf.add(i as usize) = 0;
+            i += THREADS;
+        }
+        arch::bar_sync();
+        let mut size = 2;
+        while size <= n_pow2 {
+            let mut stride = size / 2;
+            while stride > 0 {
+                let mut i = tid;
+                while i < n_pow2 / 2 {
+                    let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                    let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
+                    let (a, b) = (*pa, *pb);
+                    if (a < b) == desc && a != b {
+                        *pa = b;
+                        *pb = a;
+                    }
+                    i += THREADS;
+                }
+                arch::bar_sync();
+                stride /= 2;
+            }
+            size *= 2;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Stage 2.
+// ---------------------------------------------------------------------------
+
+/// Per-row outputs and parameters (pointers from the launch).
+#[derive(Clone, Copy)]
+struct Outputs {
+    top_k: *const u32,
+    top_p: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    slab_values: *mut f32,
+    slab_indices: *mut u32,
+    slab_counts: *mut u32,
+    tokens: *mut u32,
+    valid: *mut u8,
+}
+
+/// Writes row `row`'s slab from the sorted gather buffer (`k` entries,
+/// then padding: value 0, index `u32::MAX`).
+///
+/// # Safety
+/// Every thread of rank 0 calls it; the slab pointers hold the row.
+#[inline(always)]
+unsafe fn write_slab(out: &Outputs, smem: Smem, row: u32, k: u32) {
+    let tid = arch::thread_idx_x();
+    let at = row as usize * SLAB as usize;
+    // SAFETY: the launch contract.
+    unsafe {
+        let mut i = tid;
+        while i < SLAB {
+            let (bits, index) = if i < k {
+                let key = *smem.gather().add(i as usize);
+                (composite_bits(key), composite_index(key))
+            } else {
+                (0, u32::MAX)
+            };
+            *out.slab_values.add(at + i as usize) = f32::from_bits(bits);
+            *out.slab_indices.add(at + i as usize) = index;
+            i += THREADS;
+        }
+        if tid == 0 {
+            *out.slab_counts.add(row as usize) = k;
+        }
+    }
+}
+
+/// Stage 2 of row `row` over the sorted slab in the gather buffer (`k`
+/// entries): exact integer masses, the top-p cut and the inverse-CDF draw,
+/// as [`crate::radix_select::draw_from_slab`] computes them sequentially.
+///
+/// # Safety
+/// Every thread of rank 0 calls it; the sampling pointers hold the row.
+#[inline(always)]
+unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
+    let tid = arch::thread_idx_x();
+    let r = row as usize;
+    let buf = smem.gather();
+    // SAFETY: the launch contract; slab positions below k <= SLAB; the
+    // control word is written before a barrier and read after it.
+    unsafe {
+        let top = composite_bits(*buf);
+        let (i0, i1) = (2 * tid, 2 * tid + 1);
+        let mass = |i: u32| {
+            if i < k {
+                fixed_mass(composite_bits(*buf.add(i as usize)), top)
+            } else {
+                0
+            }
+        };
+        let (w0, w1) = (mass(i0), mass(i1));
+        let (e0, total) = block_scan(w0 + w1, smem);
+        if total == 0 {
+            if tid == 0 {
+                *out.tokens.add(r) = 0;
+                *out.valid.add(r) = 0;
+            }
+            return;
+        }
+        let (p0, p1) = (e0 + w0, e0 + w0 + w1);
+        let threshold = top_p_threshold(*out.top_p.add(r), total);
+        let keeps = u32::from(i0 < k && top_p_keeps(i0, e0, threshold))
+            + u32::from(i1 < k && top_p_keeps(i1, p0, threshold));
+        let (_, kept) = block_scan(u64::from(keeps), smem);
+        let kept = kept as u32;
+        let mass_word = smem.ctl(CTL_MASS) as *mut u64;
+        if i0 + 1 == kept {
+            *mass_word = p0;
+        }
+        if i1 + 1 == kept {
+            *mass_word = p1;
+        }
+        arch::bar_sync();
+        let kept_mass = *mass_word;
+        let u = noise::uniform_open(philox::row_uniform_bits(
+            philox::seed_key(*out.seed.add(r)),
+            *out.offset.add(r),
+            0,
+        ));
+        let target = draw_target(u, kept_mass);
+        let before = u32::from(i0 < kept && before_draw(p0, target))
+            + u32::from(i1 < kept && before_draw(p1, target));
+        let (_, position) = block_scan(u64::from(before), smem);
+        let position = position as u32;
+        if tid == 0 {
+            let at = position.min(kept - 1);
+            *out.tokens.add(r) = composite_index(*buf.add(at as usize));
+            *out.valid.add(r) = 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The row loop.
+// ---------------------------------------------------------------------------
+
+/// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`.
+///
+/// # Safety
+/// The launch contract in the module docs; control flow depends only on
+/// values every CTA of the row computes alike (uniform).
+#[inline(always)]
+unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    let smem = Smem::new();
+    let mut parity = 0;
+    let mut row = arch::block_idx_y();
+    // SAFETY: the launch contract covers every access below.
+    unsafe {
+        while row < args.batch {
+            x.begin_row(smem);
+            let row_ptr = probs.add(row as usize * args.row_stride as usize);
+            let chunk = Chunk::new(row_ptr, x.rank(), args);
+            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
+            let mut sel = RadixSelect::new(k);
+            let threshold = loop {
+                clear_hist(smem, parity);
+                if sel.passes() == 0 {
+                    stream_pass(&chunk, smem, smem.hist(parity));
+                } else {
+                    refine_pass(&chunk, smem, smem.hist(parity), &sel);
+                }
+                x.share(smem, parity);
+                let crossing = find_crossing(x, smem, parity, sel.need());
+                parity ^= 1;
+                if let Some(t) = sel.advance(crossing) {
+                    break t;
+                }
+            };
+            gather_pass(x, &chunk, smem, threshold);
+            let n = x.end_gather(smem);
+            if x.rank() == 0 {
+                sort_gathered(smem, n.min(GATHER_CAP));
+                if args.mode & MODE_SLAB != 0 {
+                    write_slab(out, smem, row, k);
+                }
+                if args.mode & MODE_SAMPLE != 0 {
+                    sample_row(out, smem, row, k);
+                }
+                // The next row's gather count and buffer are reused.
+                arch::bar_sync();
+            }
+            row += arch::grid_dim_y();
+        }
+    }
+}
+
+/// The exchange of [`radix_topk_cluster_f32`] on this architecture (it
+/// needs no workspace).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+fn cluster_exchange(_ws: [*mut u8; 4]) -> Dsmem {
+    Dsmem
+}
+
+/// The exchange of [`radix_topk_cluster_f32`] on this architecture (it
+/// needs no workspace).
+#[cfg(not(target_feature = "sm_90"))]
+#[inline(always)]
+fn cluster_exchange(_ws: [*mut u8; 4]) -> Solo {
+    Solo
+}
+
+/// The exchange of [`radix_topk_coop_f32`]: the workspace's histograms,
+/// gather buffers, counts and barrier words.
+#[inline(always)]
+fn global_exchange(ws: [*mut u8; 4]) -> Global {
+    Global {
+        hist: ws[0] as *mut u32,
+        gather: ws[1] as *mut u64,
+        count: ws[2] as *mut u32,
+        barrier: ws[3] as *mut u32,
+        slot: arch::block_idx_y(),
+    }
+}
+
+macro_rules! radix_entry {
+    ($name:ident, $exchange:ident, $what:literal) => {
+        #[doc = concat!("Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, ", $what, " (see the module docs).")]
+        ///
+        /// # Launch
+        /// See the module docs.
+        ///
+        /// # Safety
+        /// See the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            probs: *const f32,
+            top_k: *const u32,
+            top_p: *const f32,
+            seed: *const u64,
+            offset: *const u64,
+            slab_values: *mut f32,
+            slab_indices: *mut u32,
+            slab_counts: *mut u32,
+            tokens: *mut u32,
+            valid: *mut u8,
+            ws_hist: *mut u32,
+            ws_gather: *mut u64,
+            ws_count: *mut u32,
+            ws_barrier: *mut u32,
+            args: RadixArgs,
+        ) {
+            let out = Outputs {
+                top_k,
+                top_p,
+                seed,
+                offset,
+                slab_values,
+                slab_indices,
+                slab_counts,
+                tokens,
+                valid,
+            };
+            let ws = [
+                ws_hist as *mut u8,
+                ws_gather as *mut u8,
+                ws_count as *mut u8,
+                ws_barrier as *mut u8,
+            ];
+            // SAFETY: the launch contract.
+            unsafe { radix_rows(&$exchange(ws), probs, &out, &args) }
+        }
+    };
+}
+
+radix_entry!(
+    radix_topk_cluster_f32,
+    cluster_exchange,
+    "the CTAs of a row forming a thread block cluster that exchanges through distributed shared memory (sm_90; one CTA per row on older GPUs; the workspace pointers are unused)"
+);
+radix_entry!(
+    radix_topk_coop_f32,
+    global_exchange,
+    "the CTAs of a row exchanging through the global workspace (`ws_hist`, `ws_gather`, `ws_count`, `ws_barrier`) of a cooperative launch: the multi-CTA fallback of GPUs without clusters"
+);
+
+/// The pivot route's input for probabilities: `logits[r][j] =
+/// prob_logit(prob_bits(probs[r][j]))` (`ln p`, -inf for no mass), written
+/// contiguously (`[batch, vocab]`).
+///
+/// # Launch
+/// Any grid of blocks of [`RADIX_THREADS`]; rows `blockIdx.y + n
+/// gridDim.y`, elements `blockIdx.x * RADIX_THREADS + tid + n gridDim.x
+/// RADIX_THREADS`. No shared memory.
+///
+/// # Safety
+/// `probs` as for the radix kernels; `logits` holds `batch * vocab`
+/// writable elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn radix_probs_to_logits_f32(
+    probs: *const f32,
+    logits: *mut f32,
+    args: RadixArgs,
+) {
+    let step = arch::grid_dim_x() * THREADS;
+    let mut row = arch::block_idx_y();
+    while row < args.batch {
+        let mut j = arch::block_idx_x() * THREADS + arch::thread_idx_x();
+        while j < args.vocab {
+            // SAFETY: the launch contract.
+            unsafe {
+                let x = *probs.add(row as usize * args.row_stride as usize + j as usize);
+                *logits.add(row as usize * args.vocab as usize + j as usize) =
+                    prob_logit(prob_bits(x));
+            }
+            j = match j.checked_add(step) {
+                Some(v) => v,
+                None => break,
+            };
+        }
+        row += arch::grid_dim_y();
+    }
+}
