@@ -41,6 +41,12 @@ pub enum Error {
     /// A buffer does not belong to the device or stream it is used with.
     #[error("{what} belongs to another CUDA context")]
     WrongContext { what: &'static str },
+    /// A GPU of a peer-to-peer group cannot map another's memory.
+    #[error("GPU {from} cannot access the memory of GPU {to} (no peer-to-peer path)")]
+    NoPeerAccess { from: usize, to: usize },
+    /// An NCCL call failed.
+    #[error("NCCL error: {:?}", .0.0)]
+    Nccl(cudarc::nccl::result::NcclError),
 }
 
 /// `Result` with the library's [`Error`].

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use flashsample_kernels::params::{
     FUSED_BLOCK_V, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams, fused_smem_bytes,
@@ -13,7 +14,7 @@ use flashsample_kernels::params::{
 use flashsample_kernels::sample::MAX_VOCAB;
 
 use crate::device::Device;
-use crate::error::{Result, param, shape};
+use crate::error::{Error, Result, param, shape};
 use crate::rows::RowParams;
 use crate::sampling::Workspace;
 
@@ -111,6 +112,77 @@ impl HeadShape {
     }
 }
 
+/// The operands of a fused call on one device: hidden states `[batch, dim]`,
+/// LM-head rows `[vocab, dim]` (the whole head, or a tensor-parallel
+/// shard's rows), the optional bias of those rows, and the per-row
+/// temperature, seed and offset (device memory).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadInput<'a, T> {
+    /// `[batch, dim]`, rows `hidden_stride` elements apart.
+    pub hidden: &'a CudaView<'a, T>,
+    /// `[vocab, dim]` row-major (`nn.Linear`'s weight, or a shard's rows).
+    pub lm_head: &'a CudaView<'a, T>,
+    /// `[vocab]` f32 added to the logits, if any.
+    pub bias: Option<&'a CudaView<'a, f32>>,
+    /// Per-row temperature, seed and offset.
+    pub params: &'a RowParams,
+}
+
+/// Where one launch of the fused kernel sits in the full vocabulary and in
+/// a row's partials: LM-head rows `[offset, offset + vocab)`, covering
+/// `tiles` tiles of the full vocabulary's grid, whose partials are the
+/// row's parts `[part_offset, part_offset + tiles)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    pub offset: usize,
+    pub vocab: usize,
+    pub tiles: usize,
+    pub part_offset: usize,
+}
+
+impl Shard {
+    /// Rows `[offset, offset + vocab)`, partials from part `part_offset`.
+    pub fn new(offset: usize, vocab: usize, part_offset: usize) -> Shard {
+        let block = FUSED_BLOCK_V as usize;
+        Shard {
+            offset,
+            vocab,
+            tiles: (offset + vocab).div_ceil(block) - offset / block,
+            part_offset,
+        }
+    }
+
+    /// The kernel parameters of this shard's launch for `shape` (whose
+    /// `vocab` is the shard's), in a buffer of `parts` parts per row,
+    /// writing to `peers` peer buffers too.
+    pub fn params(
+        &self,
+        shape: &HeadShape,
+        has_bias: bool,
+        parts: usize,
+        peers: usize,
+    ) -> FusedParams {
+        FusedParams {
+            batch: shape.batch as u32,
+            vocab: self.vocab as u32,
+            dim: shape.dim as u32,
+            tiles: self.tiles as u32,
+            hidden_stride: shape.hidden_stride as u64,
+            has_bias: u32::from(has_bias),
+            vocab_offset: self.offset as u32,
+            part_offset: self.part_offset as u32,
+            parts: parts as u32,
+            peers: peers as u32,
+            reserved: 0,
+        }
+    }
+}
+
+/// u64 words of the partials of `batch` rows of `parts` parts each.
+pub(crate) fn partial_words(batch: usize, parts: usize) -> usize {
+    batch * parts * FUSED_PARTIAL_WORDS as usize
+}
+
 /// Outputs of [`Device::fused_sample`], one entry per row: the token, its
 /// validity, the row's log-normaliser `ln sum_j exp(logit_j / T)` (T = 1 for
 /// greedy rows) and the token's log-probability under that distribution.
@@ -133,7 +205,18 @@ impl FusedOutput {
         })
     }
 
-    fn check(&self, batch: usize) -> Result<()> {
+    /// Rejects buffers shorter than `batch` rows or of another context.
+    pub(crate) fn check(&self, batch: usize, ctx: &Arc<CudaContext>) -> Result<()> {
+        for (what, c) in [
+            ("tokens", self.tokens.context()),
+            ("valid", self.valid.context()),
+            ("log_normalizer", self.log_normalizer.context()),
+            ("logprob", self.logprob.context()),
+        ] {
+            if !Arc::ptr_eq(c, ctx) {
+                return Err(Error::WrongContext { what });
+            }
+        }
         for (what, len) in [
             ("tokens", self.tokens.len()),
             ("valid", self.valid.len()),
@@ -197,37 +280,80 @@ impl Device {
         out: &mut FusedOutput,
         ws: &mut Workspace,
     ) -> Result<()> {
+        let input = HeadInput {
+            hidden,
+            lm_head,
+            bias,
+            params,
+        };
         self.check_stream(stream)?;
-        shape.validate(hidden.len(), lm_head.len(), bias.map(|b| b.len()))?;
-        params.check(shape.batch)?;
-        out.check(shape.batch)?;
-        let (h, _g1) = hidden.device_ptr(stream);
-        let (w, _g2) = lm_head.device_ptr(stream);
+        self.check_head_input(stream, &input, &shape)?;
+        out.check(shape.batch, self.context())?;
+        let whole = Shard::new(0, shape.vocab, 0);
+        let p = whole.params(&shape, bias.is_some(), whole.tiles, 0);
+        ws.reserve(stream, partial_words(shape.batch, whole.tiles), 1)?;
+        let (part, _g) = ws.partial_mut().device_ptr_mut(stream);
+        self.launch_fused_tiles(stream, &input, &p, part, 0, 1)?;
+        self.launch_fused_finish(stream, part, &p, out)
+    }
+
+    /// Rejects an input whose shape (`shape.vocab`: the rows it holds),
+    /// buffers, parameters or alignment do not fit: the checks every fused
+    /// launch makes before any launch.
+    pub(crate) fn check_head_input<T: HeadElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        input: &HeadInput<'_, T>,
+        shape: &HeadShape,
+    ) -> Result<()> {
+        shape.validate(
+            input.hidden.len(),
+            input.lm_head.len(),
+            input.bias.map(|b| b.len()),
+        )?;
+        input.params.check(shape.batch)?;
+        for (what, c) in [
+            ("temperature", input.params.temperature.context()),
+            ("seed", input.params.seed.context()),
+            ("offset", input.params.offset.context()),
+        ] {
+            if !Arc::ptr_eq(c, self.context()) {
+                return Err(Error::WrongContext { what });
+            }
+        }
+        let (h, _g1) = input.hidden.device_ptr(stream);
+        let (w, _g2) = input.lm_head.device_ptr(stream);
         check_align("hidden", h)?;
-        check_align("lm_head", w)?;
-        let (b, _g3) = match bias {
+        check_align("lm_head", w)
+    }
+
+    /// Launches `fused_sample_*` for `input` on `stream` with parameters
+    /// `p`, writing the partials to `partial` (and to the `p.peers` buffers
+    /// whose addresses `peer_table` holds), its grid sized for `share`
+    /// launches running on the device at once.
+    ///
+    /// The caller has checked `input` ([`Device::check_head_input`] with
+    /// `p`'s shape) and sized every partial buffer for `p`.
+    pub(crate) fn launch_fused_tiles<T: HeadElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        input: &HeadInput<'_, T>,
+        p: &FusedParams,
+        partial: CUdeviceptr,
+        peer_table: CUdeviceptr,
+        share: u32,
+    ) -> Result<()> {
+        let batch = p.batch as usize;
+        let (h, _g1) = input.hidden.device_ptr(stream);
+        let (w, _g2) = input.lm_head.device_ptr(stream);
+        let (b, _g3) = match input.bias {
             Some(b) => {
                 let (p, g) = b.device_ptr(stream);
                 (p, Some(g))
             }
             None => (0, None),
         };
-        let tiles = shape.vocab.div_ceil(FUSED_BLOCK_V as usize) as u32;
-        let p = FusedParams {
-            batch: shape.batch as u32,
-            vocab: shape.vocab as u32,
-            dim: shape.dim as u32,
-            tiles,
-            hidden_stride: shape.hidden_stride as u64,
-            has_bias: u32::from(bias.is_some()),
-            reserved: 0,
-        };
-        ws.reserve(
-            stream,
-            shape.batch * tiles as usize * FUSED_PARTIAL_WORDS as usize,
-            1,
-        )?;
-        let nb = block_b(shape.batch);
+        let nb = block_b(batch);
         let k = self.kernels();
         let func = match (T::IS_BF16, nb) {
             (true, 16) => &k.fused_bf16[0],
@@ -237,14 +363,14 @@ impl Device {
             (false, 32) => &k.fused_f16[1],
             (false, _) => &k.fused_f16[2],
         };
-        let batch_tiles = shape.batch.div_ceil(nb as usize) as u32;
+        let batch_tiles = batch.div_ceil(nb as usize) as u32;
         let resident = blocks_per_sm(nb) * self.sm_count();
-        let ctas_v = (resident / batch_tiles).clamp(1, tiles);
+        let ctas_v = (resident / batch_tiles.saturating_mul(share.max(1))).clamp(1, p.tiles);
+        let params = input.params;
         let (t, _g4) = params.temperature.device_ptr(stream);
         let (s, _g5) = params.seed.device_ptr(stream);
         let (o, _g6) = params.offset.device_ptr(stream);
-        let (part, _g7) = ws.partial_mut().device_ptr_mut(stream);
-        let arg = FusedArg(p);
+        let arg = FusedArg(*p);
         let mut l = stream.launch_builder(func);
         l.arg(&h)
             .arg(&w)
@@ -252,7 +378,8 @@ impl Device {
             .arg(&t)
             .arg(&s)
             .arg(&o)
-            .arg(&part)
+            .arg(&partial)
+            .arg(&peer_table)
             .arg(&arg);
         let cfg = LaunchConfig {
             grid_dim: (batch_tiles, ctas_v, 1),
@@ -260,29 +387,49 @@ impl Device {
             shared_mem_bytes: fused_smem_bytes(nb),
         };
         // SAFETY: the arguments match `fused_sample_*`'s signature; shapes,
-        // lengths and 16-byte alignment were validated above (dim and the
-        // hidden stride are multiples of 8 elements); the workspace holds
-        // batch * tiles partials; the function's dynamic shared memory limit
-        // was raised to fused_smem_bytes(nb) when the module was loaded.
+        // lengths and 16-byte alignment were validated (dim and the hidden
+        // stride are multiples of 8 elements; the LM head and bias hold the
+        // launch's `vocab` rows); `partial` and the `peers` buffers listed
+        // in `peer_table` hold batch * parts partials and are mapped into
+        // this context (the caller's contract); the function's dynamic
+        // shared memory limit was raised to fused_smem_bytes(nb) when the
+        // module was loaded.
         unsafe { l.launch(cfg) }?;
-        let (tok, _g8) = out.tokens.device_ptr_mut(stream);
-        let (val, _g9) = out.valid.device_ptr_mut(stream);
-        let (lse, _g10) = out.log_normalizer.device_ptr_mut(stream);
-        let (lp, _g11) = out.logprob.device_ptr_mut(stream);
-        let mut l = stream.launch_builder(&k.fused_finish);
-        l.arg(&part)
+        Ok(())
+    }
+
+    /// Launches `fused_sample_finish` on `stream`: folds the `p.parts`
+    /// partials of each row in `partial` into `out`.
+    ///
+    /// The caller has checked `out` for `p.batch` rows and ordered the
+    /// launches that wrote every part before this one.
+    pub(crate) fn launch_fused_finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        partial: CUdeviceptr,
+        p: &FusedParams,
+        out: &mut FusedOutput,
+    ) -> Result<()> {
+        let (tok, _g1) = out.tokens.device_ptr_mut(stream);
+        let (val, _g2) = out.valid.device_ptr_mut(stream);
+        let (lse, _g3) = out.log_normalizer.device_ptr_mut(stream);
+        let (lp, _g4) = out.logprob.device_ptr_mut(stream);
+        let arg = FusedArg(*p);
+        let mut l = stream.launch_builder(&self.kernels().fused_finish);
+        l.arg(&partial)
             .arg(&tok)
             .arg(&val)
             .arg(&lse)
             .arg(&lp)
             .arg(&arg);
         let cfg = LaunchConfig {
-            grid_dim: (shape.batch as u32, 1, 1),
+            grid_dim: (p.batch, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 8 * FUSED_PARTIAL_WORDS * 8,
         };
-        // SAFETY: matches `fused_sample_finish`; the partials were written
-        // by the launch above on the same stream; outputs hold batch rows.
+        // SAFETY: matches `fused_sample_finish`; `partial` holds batch *
+        // parts partials, all written by launches ordered before this one
+        // (the caller's contract); outputs hold batch rows.
         unsafe { l.launch(cfg) }?;
         Ok(())
     }
@@ -296,6 +443,8 @@ struct FusedArg(FusedParams);
 // SAFETY: `FusedParams` is `#[repr(C)]` plain data pinned by const asserts
 // in the kernels crate; the kernels take it by value.
 unsafe impl DeviceRepr for FusedArg {}
+
+const _: () = assert!(std::mem::size_of::<FusedArg>() == 48);
 
 /// Raises the dynamic shared memory limit of the fused kernels (they use
 /// more than the default 48 KiB).

@@ -18,6 +18,7 @@ mod radix_topk;
 mod rows;
 mod sampling;
 mod topk_topp;
+mod tp;
 mod unfused;
 
 pub mod reference;
@@ -30,13 +31,14 @@ pub mod ptx {
 pub use backend::Backend;
 pub use device::{Device, arch_for, driver_present};
 pub use error::{Error, Result};
-pub use fused_lm_head::{FusedOutput, HeadElem, HeadShape};
+pub use fused_lm_head::{FusedOutput, HeadElem, HeadInput, HeadShape};
 pub use radix_topk::{
     MAX_CLUSTER, RadixCaps, RadixWorkspace, Route, Slab, TopKTopPParams, plan_route,
 };
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
 pub use topk_topp::TruncParams;
+pub use tp::{MAX_SHARDS, TpSampler, VocabSplit, nccl_present};
 pub use unfused::Unfused;
 
 /// The shared device/CPU math (Philox, noise, keys), re-exported.

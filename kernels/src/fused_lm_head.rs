@@ -7,12 +7,24 @@
 //! `fused_sample_finish` folds the tiles' partials into the token, its
 //! validity, the row's log-normaliser and the token's log-probability.
 //!
+//! Tensor parallelism (see [`FusedParams`]): a launch may cover one
+//! vocabulary shard, with the tokens' global indices in the noise and the
+//! keys and the full vocabulary's tile grid, writing its partials into its
+//! own parts (partial positions) of a buffer shared with the other shards,
+//! and, for the peer-to-peer exchange, into the same parts of every peer's
+//! buffer as each tile finishes. When shard boundaries are multiples of
+//! [`FUSED_BLOCK_V`] the parts are exactly the unsharded launch's tiles, so
+//! the finish sees the same partials in the same places and writes the same
+//! bits; otherwise a boundary tile is split over two parts (two partials of
+//! the same tile), which changes only the log-sum-exp's rounding.
+//!
 //! Determinism: every logit is the same sequence of `mma` operations in
 //! k order whatever the batch tile; each tile's partial is reduced by a
-//! fixed tree (four slots of 32 tokens); the finish folds tiles in a fixed
+//! fixed tree (four slots of 32 tokens); the finish folds parts in a fixed
 //! order. So tokens (exact maxima) and the log-normaliser bits depend only on
-//! the row, its parameters, `vocab` and `dim`: not on batch size, position
-//! or grid.
+//! the row, its parameters, `vocab` and `dim` (and, for the log-normaliser,
+//! on shard boundaries off the tile grid): not on batch size, position,
+//! grid or the number of shards.
 //!
 //! # Launch (`fused_sample_{bf16,f16}_b{16,32,64}`)
 //! Grid `(ceil(batch / B), ctas)` (x: batch tile of `B` rows, y: vocabulary
@@ -24,8 +36,10 @@
 //! `hidden` holds `batch` rows of `hidden_stride` elements (`dim` readable),
 //! `weight` `vocab * dim` elements; both 16-byte aligned with `dim` and
 //! `hidden_stride` multiples of 8; `bias` is null or holds `vocab` f32;
-//! `temperature`, `seed`, `offset` hold `batch` values; `partial` holds
-//! `batch * tiles * FUSED_PARTIAL_WORDS` u64.
+//! `temperature`, `seed`, `offset` hold `batch` values; `partial` and the
+//! `peers` buffers listed in `peer_partial` each hold `batch * parts *
+//! FUSED_PARTIAL_WORDS` u64 (peer buffers mapped into this context), with
+//! `part_offset + tiles <= parts`.
 
 use crate::arch;
 use crate::block::Lse2;
@@ -152,9 +166,11 @@ impl Mma for F16 {
     }
 }
 
-/// Issues the `cp.async` copies of k-block `kb` of vocabulary tile `v0` and
-/// batch tile `b0` into stage buffer `stage` (shared address): the tile's
-/// LM-head rows, then its hidden-state rows.
+/// Issues the `cp.async` copies of k-block `kb` of the vocabulary tile
+/// starting at global token `v0` and batch tile `b0` into stage buffer
+/// `stage` (shared address): the tile's LM-head rows (tokens outside the
+/// shard `[vocab_offset, vocab_offset + vocab)` zero-filled), then its
+/// hidden-state rows.
 ///
 /// # Safety
 /// The kernel's launch contract.
@@ -177,6 +193,7 @@ unsafe fn load_stage<const NB: u32>(
             weight,
             FUSED_BLOCK_V,
             v0,
+            p.vocab_offset,
             p.vocab,
             p.dim as usize,
             k0,
@@ -187,6 +204,7 @@ unsafe fn load_stage<const NB: u32>(
             hidden,
             NB,
             b0,
+            0,
             p.batch,
             p.hidden_stride as usize,
             k0,
@@ -196,12 +214,15 @@ unsafe fn load_stage<const NB: u32>(
 }
 
 /// `cp.async` of columns `k0 .. k0 + FUSED_BLOCK_K` of rows
-/// `first .. first + rows` of `src` (rows `stride` elements apart) into
-/// the swizzled tile at shared address `dst`; rows at or past `limit` and
-/// columns at or past `dim` are zero-filled, reading nothing.
+/// `first .. first + rows` into the swizzled tile at shared address `dst`,
+/// where `src` holds rows `lo .. lo + count` (`stride` elements apart);
+/// other rows and columns at or past `dim` are zero-filled, reading nothing.
+/// (Addresses are formed from `src` shifted back to row 0, which kept the
+/// per-row address math as cheap as in the unsharded form: ptxas's
+/// register count rose by 6 when rows were made relative to `lo` first.)
 ///
 /// # Safety
-/// `src` holds `limit` rows of `stride` elements with `dim` readable,
+/// `src` holds `count` rows of `stride` elements with `dim` readable,
 /// 16-byte aligned, `dim` a multiple of 8; `dst` has room for `rows`
 /// staged rows.
 #[allow(clippy::too_many_arguments)]
@@ -211,21 +232,23 @@ unsafe fn copy_rows(
     src: *const u16,
     rows: u32,
     first: u32,
-    limit: u32,
+    lo: u32,
+    count: u32,
     stride: usize,
     k0: u32,
     dim: u32,
 ) {
+    let row0 = src.wrapping_sub(lo as usize * stride);
     let mut q = arch::thread_idx_x();
     while q < rows * CHUNKS {
         let (r, c) = (q / CHUNKS, q % CHUNKS);
         let (row, k) = (first + r, k0 + c * 8);
-        let ok = row < limit && k < dim;
-        // SAFETY: in bounds when `ok` (row < limit, k + 8 <= dim since dim
-        // is a multiple of 8); otherwise 0 bytes are read.
+        let ok = row.wrapping_sub(lo) < count && k < dim;
+        // SAFETY: in bounds when `ok` (lo <= row < lo + count, k + 8 <= dim
+        // since dim is a multiple of 8); otherwise 0 bytes are read.
         unsafe {
             let from = if ok {
-                src.add(row as usize * stride + k as usize)
+                row0.wrapping_add(row as usize * stride + k as usize)
             } else {
                 src
             };
@@ -271,6 +294,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     seed: *const u64,
     offset: *const u64,
     partial: *mut u64,
+    peer_partial: *const *mut u64,
     p: FusedParams,
 ) {
     let tid = arch::thread_idx_x();
@@ -307,9 +331,17 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let mut race = Race::new(t, s, o);
     let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
 
+    // The shard's tokens `[lo, lo + vocab)`, on the full vocabulary's tile
+    // grid; the bias indexed by global token (read only inside the shard):
+    // the unsharded kernel's address math, where indexing it relative to
+    // the shard took ptxas from 127 to 168 registers at B = 64.
+    let lo = p.vocab_offset;
+    let bias_g = bias.wrapping_sub(lo as usize);
+    let first_tile = lo / FUSED_BLOCK_V;
     let mut tile = arch::block_idx_y();
     while tile < p.tiles {
-        let v0 = tile * FUSED_BLOCK_V;
+        // Global index of the tile's first token.
+        let v0 = (first_tile + tile) * FUSED_BLOCK_V;
         let mut acc = [[0.0f32; 4]; NT];
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
@@ -348,8 +380,8 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
             for (nt, c) in acc.iter().enumerate() {
                 for (i, &x) in c.iter().enumerate() {
                     let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
-                    let bias_v = if p.has_bias != 0 && v0 + v < p.vocab {
-                        *bias.add((v0 + v) as usize)
+                    let bias_v = if p.has_bias != 0 && (v0 + v).wrapping_sub(lo) < p.vocab {
+                        *bias_g.wrapping_add((v0 + v) as usize)
                     } else {
                         0.0
                     };
@@ -367,20 +399,23 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 let mut i = 0;
                 while i < SLOT_TOKENS {
                     let q = *(base.add(i as usize) as *const [f32; 4]);
+                    // Tokens outside the shard (the vocabulary tail, the
+                    // neighbours' rows of a boundary tile) are absent.
                     let j = j0 + i;
+                    let r = j.wrapping_sub(lo);
                     let x = [
-                        if j < p.vocab { q[0] } else { f32::NEG_INFINITY },
-                        if j + 1 < p.vocab {
+                        if r < p.vocab { q[0] } else { f32::NEG_INFINITY },
+                        if r.wrapping_add(1) < p.vocab {
                             q[1]
                         } else {
                             f32::NEG_INFINITY
                         },
-                        if j + 2 < p.vocab {
+                        if r.wrapping_add(2) < p.vocab {
                             q[2]
                         } else {
                             f32::NEG_INFINITY
                         },
-                        if j + 3 < p.vocab {
+                        if r.wrapping_add(3) < p.vocab {
                             q[3]
                         } else {
                             f32::NEG_INFINITY
@@ -406,9 +441,17 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 let (key, xs) = race.take_best();
                 let part = Partial { key, xs, lse }.butterfly(SLOTS / 2);
                 if has_row && slot == 0 {
-                    part.store(
-                        partial.add(((row * p.tiles + tile) * FUSED_PARTIAL_WORDS) as usize),
-                    );
+                    // Part major: (part, row) at (part * batch + row).
+                    let at = ((p.part_offset + tile) as usize * p.batch as usize + row as usize)
+                        * FUSED_PARTIAL_WORDS as usize;
+                    part.store(partial.add(at));
+                    // Peer-to-peer exchange: the same words into every
+                    // peer's buffer now, while the other tiles compute.
+                    let mut i = 0;
+                    while i < p.peers {
+                        part.store((*peer_partial.add(i as usize)).add(at));
+                        i += 1;
+                    }
                 }
             }
         }
@@ -433,6 +476,7 @@ macro_rules! fused_entry {
             seed: *const u64,
             offset: *const u64,
             partial: *mut u64,
+            peer_partial: *const *mut u64,
             p: FusedParams,
         ) {
             // SAFETY: forwarded launch contract.
@@ -445,6 +489,7 @@ macro_rules! fused_entry {
                     seed,
                     offset,
                     partial,
+                    peer_partial,
                     p,
                 )
             }
@@ -459,7 +504,7 @@ fused_entry!(fused_sample_f16_b16, F16, 16);
 fused_entry!(fused_sample_f16_b32, F16, 32);
 fused_entry!(fused_sample_f16_b64, F16, 64);
 
-/// Folds a row's tile partials (in tile order, by a fixed tree) into its
+/// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy
 /// rows) and the token's log-probability. A row with nothing valid gets
 /// token 0, valid 0, log-normaliser -inf and log-probability NaN; a token
@@ -469,9 +514,10 @@ fused_entry!(fused_sample_f16_b64, F16, 64);
 /// Grid `(batch)`, block 256, dynamic shared memory 8 x 3 x 8 bytes.
 ///
 /// # Safety
-/// `partial` holds the `batch * tiles * FUSED_PARTIAL_WORDS` words the main
-/// kernel wrote; `tokens`, `valid` hold `batch` elements; `lse` and
-/// `logprob` are null or hold `batch` f32.
+/// `partial` holds the `batch * parts * FUSED_PARTIAL_WORDS` words the
+/// main kernel's launches wrote (every part of every row); `tokens`,
+/// `valid` hold `batch` elements; `lse` and `logprob` are null or hold
+/// `batch` f32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn fused_sample_finish(
     partial: *const u64,
@@ -486,11 +532,12 @@ pub unsafe extern "ptx-kernel" fn fused_sample_finish(
     let smem = arch::dynamic_shared::<u64>();
     // SAFETY: the launch contract covers every access.
     unsafe {
-        let base = partial.add((row * p.tiles * FUSED_PARTIAL_WORDS) as usize);
+        let base = partial.add((row * FUSED_PARTIAL_WORDS) as usize);
+        let stride = p.batch as usize * FUSED_PARTIAL_WORDS as usize;
         let mut part = Partial::EMPTY;
         let mut t = tid;
-        while t < p.tiles {
-            part = part.merge(Partial::load(base.add((t * FUSED_PARTIAL_WORDS) as usize)));
+        while t < p.parts {
+            part = part.merge(Partial::load(base.add(t as usize * stride)));
             t += 256;
         }
         let part = part.butterfly(16);

@@ -32,27 +32,46 @@ const _: () = assert!(core::mem::align_of::<RowSplit>() == 8);
 
 /// Parameters of the fused LM-head sampler (`fused_sample_*`): logits
 /// `hidden [batch, dim] . lm_head[vocab, dim]^T (+ bias)`, never stored.
+///
+/// The same launch serves a vocabulary shard (tensor parallelism): row `i`
+/// of `lm_head` (and of `bias`) is token `vocab_offset + i` of the full
+/// vocabulary, which the noise and the sampled key use. Tiles follow the
+/// full vocabulary's grid: tile `t` of the launch covers tokens
+/// `[(vocab_offset / FUSED_BLOCK_V + t) * FUSED_BLOCK_V, + FUSED_BLOCK_V)`,
+/// tokens outside the shard count as absent, and its partial is the row's
+/// part `part_offset + t`. Unsharded: `vocab_offset = 0`,
+/// `part_offset = 0`, `parts = tiles`, `peers = 0`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusedParams {
     /// Rows of `hidden`.
     pub batch: u32,
-    /// Rows of the LM head.
+    /// Rows of the LM head (of the shard).
     pub vocab: u32,
     /// Hidden size, a multiple of 8.
     pub dim: u32,
-    /// Vocabulary tiles: `ceil(vocab / FUSED_BLOCK_V)`.
+    /// Vocabulary tiles of this launch: those of the full vocabulary's grid
+    /// that meet `[vocab_offset, vocab_offset + vocab)`.
     pub tiles: u32,
     /// Elements between consecutive rows of `hidden` (>= `dim`, a multiple
     /// of 8).
     pub hidden_stride: u64,
     /// 1 when a bias `[vocab]` (f32) is added to the logits.
     pub has_bias: u32,
+    /// Index in the full vocabulary of the LM head's row 0.
+    pub vocab_offset: u32,
+    /// Part (partial position in a row) of this launch's first tile.
+    pub part_offset: u32,
+    /// Parts per row over all shards: what `fused_sample_finish` folds.
+    pub parts: u32,
+    /// Peer partial buffers the launch also writes (peer-to-peer exchange):
+    /// the length of the kernel's `peer_partial` table.
+    pub peers: u32,
     /// Reserved, 0.
     pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<FusedParams>() == 32);
+const _: () = assert!(core::mem::size_of::<FusedParams>() == 48);
 const _: () = assert!(core::mem::align_of::<FusedParams>() == 8);
 
 /// Vocabulary rows per tile of the fused sampler (eight warps of 16).
@@ -66,8 +85,10 @@ pub const FUSED_THREADS: u32 = 256;
 /// Words of one row of the logits staging tile (padded against bank
 /// conflicts).
 pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
-/// u64 words per (row, tile) partial: best key, base-2 log-sum-exp
-/// `(max, sum)`, scaled logit of the best token.
+/// u64 words per (row, part) partial: best key, base-2 log-sum-exp
+/// `(max, sum)`, scaled logit of the best token. Partials are stored part
+/// major: that of (row, part) at word `(part * batch + row) *
+/// FUSED_PARTIAL_WORDS`, so a shard's parts form one contiguous range.
 pub const FUSED_PARTIAL_WORDS: u32 = 3;
 
 /// Bytes of one pipeline stage for a batch tile of `block_b` rows.
