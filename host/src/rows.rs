@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use flashsample_kernels::params::{CHUNK_ALIGN, ROW_THREADS, RowSplit};
+use flashsample_kernels::params::{CHUNK_ALIGN, ROW_THREADS, RowSplit, SAMPLING_BLOCKS_PER_SM};
 use flashsample_kernels::sample::MAX_VOCAB;
 
 use crate::error::{Result, param, shape};
@@ -149,9 +149,9 @@ impl RowParams {
     }
 }
 
-/// Blocks of the sampling kernel a GPU keeps busy: 4 resident blocks of 256
-/// threads per multiprocessor (the kernels' launch bounds).
-const BLOCKS_PER_SM: usize = 4;
+/// Blocks of the sampling kernel a GPU keeps busy per multiprocessor (the
+/// kernels' launch bounds).
+const BLOCKS_PER_SM: usize = SAMPLING_BLOCKS_PER_SM as usize;
 /// Fewest elements worth a block of its own.
 const MIN_CHUNK: usize = 1024;
 

@@ -81,19 +81,19 @@ pub struct LaunchBounds {
 }
 
 /// Kernels whose register count would otherwise cost resident blocks: the
-/// sampling kernels need 4 blocks of [`params::ROW_THREADS`] per
-/// multiprocessor to keep enough loads in flight (ptxas reports 64 registers
-/// and no spills under these bounds).
+/// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
+/// [`params::ROW_THREADS`] per multiprocessor (ptxas: 80 registers, no
+/// spills).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",
         max_threads: params::ROW_THREADS,
-        min_blocks_per_sm: 4,
+        min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
     },
     LaunchBounds {
         kernel: "sampling_from_logits_bf16",
         max_threads: params::ROW_THREADS,
-        min_blocks_per_sm: 4,
+        min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
     },
 ];
 

@@ -27,6 +27,12 @@ pub const CHUNK_ALIGN: u32 = 8;
 /// Threads per block of the row kernels (sampling, softmax).
 pub const ROW_THREADS: u32 = 256;
 
+/// Resident blocks per multiprocessor the sampling kernels are built for
+/// (their launch bounds) and the host's split fills: 3 blocks of 80
+/// registers, room for two Philox chains in flight per thread (at 4 blocks,
+/// 64 registers, the second chain spilled).
+pub const SAMPLING_BLOCKS_PER_SM: u32 = 3;
+
 const _: () = assert!(core::mem::size_of::<RowSplit>() == 24);
 const _: () = assert!(core::mem::align_of::<RowSplit>() == 8);
 

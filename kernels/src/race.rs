@@ -197,10 +197,11 @@ impl Race {
     /// word `bits`.
     #[inline(always)]
     fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
-        // Cheapest rejection first, integer and add only (no conversion or
-        // logarithm, which run at a quarter of the ALU rate): the noise of a
-        // word in the lower half is at most GUMBEL_BOUND_LOWER, and of all
-        // but one word in 256 at most GUMBEL_BOUND_COMMON; with the
+        // Cheapest rejection first, integer and add only (no logarithm,
+        // which runs at a quarter of the ALU rate): the noise of a word in
+        // the lower half is at most GUMBEL_BOUND_LOWER, of all but one word
+        // in 256 at most GUMBEL_BOUND_COMMON, of the rest at most
+        // `noise::gumbel_upper_bound`; with the
         // approximation error (twice, covering the rounding of the sum) a
         // token below the threshold by more than that is skipped, as the
         // approximate test below would skip it.
@@ -209,7 +210,9 @@ impl Race {
         } else if !bits >= noise::COMMON_WORD_MIN {
             COMMON_CAP
         } else {
-            f32::INFINITY
+            // One word in 256: the leading-ones bound (a short branch that
+            // keeps rare words off the logarithms too).
+            noise::gumbel_upper_bound(bits) + 2.0 * GUMBEL_APPROX_ERR
         };
         if xs + cap < self.thr {
             return;
@@ -234,34 +237,72 @@ impl Race {
         }
     }
 
+    /// `x * inv_t` of four tokens, and whether no noise can lift any of
+    /// them to the threshold (then their Philox call is skipped: typical of
+    /// real, peaked logits at T <= 1).
+    #[inline(always)]
+    fn scale4(&self, x: [f32; 4]) -> ([f32; 4], bool) {
+        let xs = [
+            x[0] * self.inv_t,
+            x[1] * self.inv_t,
+            x[2] * self.inv_t,
+            x[3] * self.inv_t,
+        ];
+        let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
+        (xs, top + NOISE_CAP < self.thr)
+    }
+
+    /// The four tokens `j .. j + 4` with their scaled logits and noise
+    /// words. Written out rather than looped: an indexed loop over the
+    /// arrays left them in local memory.
+    #[inline(always)]
+    fn visit_noised4(&mut self, x: [f32; 4], xs: [f32; 4], r: [u32; 4], j: u32) {
+        self.visit(x[0], xs[0], r[0], j);
+        self.visit(x[1], xs[1], r[1], j + 1);
+        self.visit(x[2], xs[2], r[2], j + 2);
+        self.visit(x[3], xs[3], r[3], j + 3);
+    }
+
+    #[inline(always)]
+    fn visit_greedy4(&mut self, x: [f32; 4], j: u32) {
+        self.visit_greedy(x[0], j);
+        self.visit_greedy(x[1], j + 1);
+        self.visit_greedy(x[2], j + 2);
+        self.visit_greedy(x[3], j + 3);
+    }
+
     /// Four consecutive tokens `j .. j + 4`, `j` a multiple of 4 (one Philox
-    /// call covers them). Written out rather than looped: an indexed loop
-    /// over the arrays left them in local memory.
+    /// call covers them).
     #[inline(always)]
     pub fn visit4(&mut self, x: [f32; 4], j: u32) {
         if self.greedy {
-            self.visit_greedy(x[0], j);
-            self.visit_greedy(x[1], j + 1);
-            self.visit_greedy(x[2], j + 2);
-            self.visit_greedy(x[3], j + 3);
+            self.visit_greedy4(x, j);
         } else {
-            let xs = [
-                x[0] * self.inv_t,
-                x[1] * self.inv_t,
-                x[2] * self.inv_t,
-                x[3] * self.inv_t,
-            ];
-            // No noise can lift any of the four to the threshold: skip the
-            // Philox call (typical of real, peaked logits at T <= 1).
-            let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
-            if top + NOISE_CAP < self.thr {
+            let (xs, skip) = self.scale4(x);
+            if !skip {
+                let r = philox::token_noise_group(self.key, self.offset, j >> 2);
+                self.visit_noised4(x, xs, r, j);
+            }
+        }
+    }
+
+    /// Two groups of four consecutive tokens, `ja .. ja + 4` and
+    /// `jb .. jb + 4` (multiples of 4), with both Philox calls in lockstep
+    /// ([`philox::token_noise_groups2`]) unless both can be skipped.
+    #[inline(always)]
+    pub fn visit4x2(&mut self, xa: [f32; 4], ja: u32, xb: [f32; 4], jb: u32) {
+        if self.greedy {
+            self.visit_greedy4(xa, ja);
+            self.visit_greedy4(xb, jb);
+        } else {
+            let (xsa, skip_a) = self.scale4(xa);
+            let (xsb, skip_b) = self.scale4(xb);
+            if skip_a && skip_b {
                 return;
             }
-            let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-            self.visit(x[0], xs[0], r[0], j);
-            self.visit(x[1], xs[1], r[1], j + 1);
-            self.visit(x[2], xs[2], r[2], j + 2);
-            self.visit(x[3], xs[3], r[3], j + 3);
+            let [ra, rb] = philox::token_noise_groups2(self.key, self.offset, ja >> 2, jb >> 2);
+            self.visit_noised4(xa, xsa, ra, ja);
+            self.visit_noised4(xb, xsb, rb, jb);
         }
     }
 
