@@ -82,7 +82,7 @@ pub struct LaunchBounds {
 
 /// Kernels whose register count would otherwise cost resident blocks: the
 /// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
-/// [`params::ROW_THREADS`] per multiprocessor (ptxas: 80 registers, no
+/// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
 /// spills).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {

@@ -65,27 +65,6 @@ pub fn token_noise_group(key: [u32; 2], offset: u64, group: u32) -> [u32; 4] {
     )
 }
 
-/// [`token_noise_group`] of groups `g0` and `g1`, computed in lockstep:
-/// the two ten-round chains are independent, so the GPU overlaps their
-/// multiply latencies (one chain alone leaves the issue slots idle).
-#[inline(always)]
-pub fn token_noise_groups2(key: [u32; 2], offset: u64, g0: u32, g1: u32) -> [[u32; 4]; 2] {
-    let (lo, hi) = (offset as u32, (offset >> 32) as u32);
-    let mut a = [g0, STREAM_TOKEN_NOISE, lo, hi];
-    let mut b = [g1, STREAM_TOKEN_NOISE, lo, hi];
-    let mut k = key;
-    let mut i = 0;
-    while i < 10 {
-        if i > 0 {
-            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
-        }
-        a = round(a, k);
-        b = round(b, k);
-        i += 1;
-    }
-    [a, b]
-}
-
 /// The noise word of token `j` (one Philox call; prefer
 /// [`token_noise_group`] when four neighbours are needed).
 #[inline(always)]
@@ -138,20 +117,6 @@ mod tests {
             ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
-    }
-
-    #[test]
-    fn lockstep_groups_equal_single_calls() {
-        let key = seed_key(0xfeed_beef_0bad_cafe);
-        for (g0, g1) in [(0u32, 1u32), (7, 3), (u32::MAX, 0), (40_000, 40_064)] {
-            assert_eq!(
-                token_noise_groups2(key, 99, g0, g1),
-                [
-                    token_noise_group(key, 99, g0),
-                    token_noise_group(key, 99, g1)
-                ]
-            );
-        }
     }
 
     #[test]

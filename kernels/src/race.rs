@@ -237,72 +237,34 @@ impl Race {
         }
     }
 
-    /// `x * inv_t` of four tokens, and whether no noise can lift any of
-    /// them to the threshold (then their Philox call is skipped: typical of
-    /// real, peaked logits at T <= 1).
-    #[inline(always)]
-    fn scale4(&self, x: [f32; 4]) -> ([f32; 4], bool) {
-        let xs = [
-            x[0] * self.inv_t,
-            x[1] * self.inv_t,
-            x[2] * self.inv_t,
-            x[3] * self.inv_t,
-        ];
-        let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
-        (xs, top + NOISE_CAP < self.thr)
-    }
-
-    /// The four tokens `j .. j + 4` with their scaled logits and noise
-    /// words. Written out rather than looped: an indexed loop over the
-    /// arrays left them in local memory.
-    #[inline(always)]
-    fn visit_noised4(&mut self, x: [f32; 4], xs: [f32; 4], r: [u32; 4], j: u32) {
-        self.visit(x[0], xs[0], r[0], j);
-        self.visit(x[1], xs[1], r[1], j + 1);
-        self.visit(x[2], xs[2], r[2], j + 2);
-        self.visit(x[3], xs[3], r[3], j + 3);
-    }
-
-    #[inline(always)]
-    fn visit_greedy4(&mut self, x: [f32; 4], j: u32) {
-        self.visit_greedy(x[0], j);
-        self.visit_greedy(x[1], j + 1);
-        self.visit_greedy(x[2], j + 2);
-        self.visit_greedy(x[3], j + 3);
-    }
-
     /// Four consecutive tokens `j .. j + 4`, `j` a multiple of 4 (one Philox
-    /// call covers them).
+    /// call covers them). Written out rather than looped: an indexed loop
+    /// over the arrays left them in local memory.
     #[inline(always)]
     pub fn visit4(&mut self, x: [f32; 4], j: u32) {
         if self.greedy {
-            self.visit_greedy4(x, j);
+            self.visit_greedy(x[0], j);
+            self.visit_greedy(x[1], j + 1);
+            self.visit_greedy(x[2], j + 2);
+            self.visit_greedy(x[3], j + 3);
         } else {
-            let (xs, skip) = self.scale4(x);
-            if !skip {
-                let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-                self.visit_noised4(x, xs, r, j);
-            }
-        }
-    }
-
-    /// Two groups of four consecutive tokens, `ja .. ja + 4` and
-    /// `jb .. jb + 4` (multiples of 4), with both Philox calls in lockstep
-    /// ([`philox::token_noise_groups2`]) unless both can be skipped.
-    #[inline(always)]
-    pub fn visit4x2(&mut self, xa: [f32; 4], ja: u32, xb: [f32; 4], jb: u32) {
-        if self.greedy {
-            self.visit_greedy4(xa, ja);
-            self.visit_greedy4(xb, jb);
-        } else {
-            let (xsa, skip_a) = self.scale4(xa);
-            let (xsb, skip_b) = self.scale4(xb);
-            if skip_a && skip_b {
+            let xs = [
+                x[0] * self.inv_t,
+                x[1] * self.inv_t,
+                x[2] * self.inv_t,
+                x[3] * self.inv_t,
+            ];
+            // No noise can lift any of the four to the threshold: skip the
+            // Philox call (typical of real, peaked logits at T <= 1).
+            let top = xs[0].max(xs[1]).max(xs[2].max(xs[3]));
+            if top + NOISE_CAP < self.thr {
                 return;
             }
-            let [ra, rb] = philox::token_noise_groups2(self.key, self.offset, ja >> 2, jb >> 2);
-            self.visit_noised4(xa, xsa, ra, ja);
-            self.visit_noised4(xb, xsb, rb, jb);
+            let r = philox::token_noise_group(self.key, self.offset, j >> 2);
+            self.visit(x[0], xs[0], r[0], j);
+            self.visit(x[1], xs[1], r[1], j + 1);
+            self.visit(x[2], xs[2], r[2], j + 2);
+            self.visit(x[3], xs[3], r[3], j + 3);
         }
     }
 

@@ -24,16 +24,6 @@ use crate::race::Race;
 use crate::sample;
 
 #[inline(always)]
-fn f32x4(v: [u32; 4]) -> [f32; 4] {
-    [
-        f32::from_bits(v[0]),
-        f32::from_bits(v[1]),
-        f32::from_bits(v[2]),
-        f32::from_bits(v[3]),
-    ]
-}
-
-#[inline(always)]
 fn bf16_to_f32(h: u32) -> f32 {
     f32::from_bits(h << 16)
 }
@@ -43,8 +33,6 @@ trait Elem {
     const LANES: u32;
     /// Visits the `LANES` tokens of a loaded vector starting at token `j`.
     fn visit_vec(v: [u32; 4], j: u32, race: &mut Race);
-    /// [`Elem::visit_vec`] of two vectors, their noise drawn in lockstep.
-    fn visit_vec2(v: [u32; 4], j: u32, w: [u32; 4], k: u32, race: &mut Race);
     /// # Safety
     /// `p` points to one readable element.
     unsafe fn load1(p: *const u8) -> f32;
@@ -59,11 +47,13 @@ impl Elem for F32 {
     const BYTES: usize = 4;
     #[inline(always)]
     fn visit_vec(v: [u32; 4], j: u32, race: &mut Race) {
-        race.visit4(f32x4(v), j);
-    }
-    #[inline(always)]
-    fn visit_vec2(v: [u32; 4], j: u32, w: [u32; 4], k: u32, race: &mut Race) {
-        race.visit4x2(f32x4(v), j, f32x4(w), k);
+        let x = [
+            f32::from_bits(v[0]),
+            f32::from_bits(v[1]),
+            f32::from_bits(v[2]),
+            f32::from_bits(v[3]),
+        ];
+        race.visit4(x, j);
     }
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
@@ -89,12 +79,8 @@ impl Elem for Bf16 {
             bf16_to_f32(v[3] & 0xffff),
             bf16_to_f32(v[3] >> 16),
         ];
-        race.visit4x2(lo, j, hi, j + 4);
-    }
-    #[inline(always)]
-    fn visit_vec2(v: [u32; 4], j: u32, w: [u32; 4], k: u32, race: &mut Race) {
-        Self::visit_vec(v, j, race);
-        Self::visit_vec(w, k, race);
+        race.visit4(lo, j);
+        race.visit4(hi, j + 4);
     }
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
@@ -161,20 +147,10 @@ unsafe fn sampling_from_logits<E: Elem>(
                 let b = arch::ld_global_nc_v4_u32(vec_ptr(v + ROW_THREADS));
                 let c = arch::ld_global_nc_v4_u32(vec_ptr(v + 2 * ROW_THREADS));
                 let d = arch::ld_global_nc_v4_u32(vec_ptr(v + 3 * ROW_THREADS));
-                E::visit_vec2(
-                    a,
-                    lo + v * lanes,
-                    b,
-                    lo + (v + ROW_THREADS) * lanes,
-                    &mut race,
-                );
-                E::visit_vec2(
-                    c,
-                    lo + (v + 2 * ROW_THREADS) * lanes,
-                    d,
-                    lo + (v + 3 * ROW_THREADS) * lanes,
-                    &mut race,
-                );
+                E::visit_vec(a, lo + v * lanes, &mut race);
+                E::visit_vec(b, lo + (v + ROW_THREADS) * lanes, &mut race);
+                E::visit_vec(c, lo + (v + 2 * ROW_THREADS) * lanes, &mut race);
+                E::visit_vec(d, lo + (v + 3 * ROW_THREADS) * lanes, &mut race);
                 if !race.is_greedy() {
                     race.raise(block::block_running_max_f32(race.top_score(), shared_top));
                 }
