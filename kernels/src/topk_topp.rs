@@ -325,7 +325,7 @@ impl Row {
     /// are uniform over the block (so `f` may use warp votes); `valid` is
     /// false for the slots past the row's end. With a 16-byte aligned row
     /// whose length is a multiple of 4, a thread's slots are 4 consecutive
-    /// elements per 16-byte load, two loads in flight; else one element
+    /// elements per 16-byte load, eight loads in flight; else one element
     /// per round.
     ///
     /// # Safety
@@ -343,23 +343,47 @@ impl Row {
         unsafe {
             if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
                 let nv = self.n / 4;
+                let load = |v: u32| {
+                    if v < nv {
+                        load4(self.ptr.add(4 * v as usize))
+                    } else {
+                        [0.0f32; 4]
+                    }
+                };
                 let mut base = 0u32;
                 while base < nv {
-                    let (v0, v1) = (base + tid, base + ROW_THREADS + tid);
-                    let none = [0.0f32; 4];
-                    let q0 = if v0 < nv {
-                        load4(self.ptr.add(4 * v0 as usize))
-                    } else {
-                        none
-                    };
-                    let q1 = if v1 < nv {
-                        load4(self.ptr.add(4 * v1 as usize))
-                    } else {
-                        none
-                    };
-                    visit4(v0 < nv, 4 * v0, q0);
-                    visit4(v1 < nv, 4 * v1, q1);
-                    base = match base.checked_add(2 * ROW_THREADS) {
+                    // Eight loads in flight before the first is used: one
+                    // block per SM streams only as fast as its bytes in
+                    // flight allow (two loads gave about 1 TB/s GPU-wide).
+                    let v = [
+                        base + tid,
+                        base + ROW_THREADS + tid,
+                        base + 2 * ROW_THREADS + tid,
+                        base + 3 * ROW_THREADS + tid,
+                        base + 4 * ROW_THREADS + tid,
+                        base + 5 * ROW_THREADS + tid,
+                        base + 6 * ROW_THREADS + tid,
+                        base + 7 * ROW_THREADS + tid,
+                    ];
+                    let q = [
+                        load(v[0]),
+                        load(v[1]),
+                        load(v[2]),
+                        load(v[3]),
+                        load(v[4]),
+                        load(v[5]),
+                        load(v[6]),
+                        load(v[7]),
+                    ];
+                    visit4(v[0] < nv, 4 * v[0], q[0]);
+                    visit4(v[1] < nv, 4 * v[1], q[1]);
+                    visit4(v[2] < nv, 4 * v[2], q[2]);
+                    visit4(v[3] < nv, 4 * v[3], q[3]);
+                    visit4(v[4] < nv, 4 * v[4], q[4]);
+                    visit4(v[5] < nv, 4 * v[5], q[5]);
+                    visit4(v[6] < nv, 4 * v[6], q[6]);
+                    visit4(v[7] < nv, 4 * v[7], q[7]);
+                    base = match base.checked_add(8 * ROW_THREADS) {
                         Some(b) => b,
                         None => break,
                     };
@@ -649,8 +673,8 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
         };
         let (t1, t2) = (threshold_key(delta1), threshold_key(delta2));
 
-        // Pass 2: min-p's survivors by tier, and those of the first two
-        // tiers compacted into the list, each warp into its own segment in
+        // Pass 2: min-p's survivors by tier, and those of the first tier
+        // (the usual candidates) compacted into the list, each warp into its own segment in
         // its scan order (ballots: no atomics, so the order and every later
         // sum are the same on every launch).
         let mass_needed = topp && !topk;
@@ -665,7 +689,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
         let mut listed = 0u32;
         row.scan(|ok, key, i, x| {
             let keep = ok && w.min_p_keeps(x);
-            let put = keep && key >= t2;
+            let put = keep && key >= t1;
             let votes = arch::ballot(put);
             if put {
                 let at = listed + (votes & ((1u32 << lane) - 1)).count_ones();
@@ -717,9 +741,10 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
             (0, all)
         };
         let is_cand = move |key: u32, x: f32| key >= floor && w.min_p_keeps(x);
-        // The list holds every candidate when the floor is at least the
-        // second tier's threshold and no segment overflowed.
-        let mut fits = floor >= t2;
+        // The list holds every candidate when the floor is the first
+        // tier's threshold and no segment overflowed (a second-tier or
+        // fallback floor reads the row).
+        let mut fits = floor >= t1;
         let mut v = 0;
         while v < WARPS {
             fits &= *list.counts.add(v) <= SEG;
