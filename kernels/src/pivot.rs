@@ -975,6 +975,97 @@ pub struct RowParams {
     pub prefilter: bool,
 }
 
+/// A row's truncation decided from its statistics (the first pass): the
+/// effective top-k and top-p (temperature <= 0 or NaN is greedy: top-1),
+/// the weights after temperature and min-p, and the pre-filter's two
+/// thresholds. Shared by [`select_row`] and the GPU kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Elements top-k keeps (`n` when off).
+    pub k: u32,
+    /// Whether top-k cuts (`k < n`).
+    pub topk: bool,
+    /// The top-p mass fraction, in `(0, 1]`.
+    pub top_p: f32,
+    /// Whether top-p cuts.
+    pub topp: bool,
+    /// Softmax weights and the min-p test.
+    pub weights: Weights,
+    /// Whether the pre-filter is used.
+    pub prefiltered: bool,
+    /// Keys of the pre-filter's tight tier and second tier (0 without the
+    /// pre-filter: every element is a candidate).
+    pub t1: u32,
+    pub t2: u32,
+}
+
+impl Plan {
+    /// The plan of a row of `n` elements with statistics `stats` (taken
+    /// with `shift`) under `params`.
+    #[inline(always)]
+    pub fn new(stats: &RowStats, shift: f32, n: u32, params: &RowParams) -> Plan {
+        let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
+        let k = if greedy {
+            1
+        } else if params.top_k == 0 || params.top_k >= n {
+            n
+        } else {
+            params.top_k
+        };
+        let topk = k < n;
+        let top_p = if params.top_p.is_nan() {
+            1.0
+        } else if params.top_p > 0.0 {
+            params.top_p
+        } else {
+            f32::MIN_POSITIVE
+        };
+        let topp = !greedy && top_p < 1.0;
+        let min_p = if greedy { 0.0 } else { params.min_p };
+        let temperature = if greedy { 1.0 } else { params.temperature };
+        let weights = Weights::new(stats.max(), temperature, min_p);
+
+        // Pre-filter thresholds: the tight one and a looser second tier, for
+        // rows whose sigma is inflated by outliers.
+        let (mu, sd) = stats.mean_sd(shift);
+        let use_pf =
+            params.prefilter && stats.n_posinf == 0 && stats.n_finite >= 2 && (topk || topp);
+        let (delta1, delta2) = if !use_pf {
+            (f32::NEG_INFINITY, f32::NEG_INFINITY)
+        } else if topk {
+            // The Gaussian model describes the finite entries (the others are
+            // NaN or -inf here: rows with +inf skip the pre-filter).
+            (
+                prefilter_delta_for_k(k, stats.n_finite),
+                prefilter_delta_second_tier_for_k(k, stats.n_finite),
+            )
+        } else {
+            let d = prefilter_delta_for_p(top_p, sd / temperature, stats.n_finite);
+            (d, d - TOP_P_SECOND_TIER_DROP)
+        };
+        let threshold_key = |delta: f32| {
+            // Never above the row's max: then its ties alone may suffice.
+            let t = (mu + delta * sd).min(stats.max());
+            if delta == f32::NEG_INFINITY || t.is_nan() {
+                0
+            } else {
+                f32_key(t.to_bits())
+            }
+        };
+        let (t1, t2) = (threshold_key(delta1), threshold_key(delta2));
+        Plan {
+            k,
+            topk,
+            top_p,
+            topp,
+            weights,
+            prefiltered: use_pf,
+            t1,
+            t2,
+        }
+    }
+}
+
 /// What the pre-filter did on a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefilter {
@@ -1096,54 +1187,16 @@ pub fn select_row(row: &[f32], params: &RowParams) -> Selection {
     if !stats.is_valid() {
         return out;
     }
-    let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
-    let k = if greedy {
-        1
-    } else if params.top_k == 0 || params.top_k >= n {
-        n
-    } else {
-        params.top_k
-    };
-    let topk = k < n;
-    let top_p = if params.top_p.is_nan() {
-        1.0
-    } else if params.top_p > 0.0 {
-        params.top_p
-    } else {
-        f32::MIN_POSITIVE
-    };
-    let topp = !greedy && top_p < 1.0;
-    let min_p = if greedy { 0.0 } else { params.min_p };
-    let temperature = if greedy { 1.0 } else { params.temperature };
-    let w = Weights::new(stats.max(), temperature, min_p);
-
-    // Pre-filter thresholds: the tight one and a looser second tier, for
-    // rows whose sigma is inflated by outliers.
-    let (mu, sd) = stats.mean_sd(shift);
-    let use_pf = params.prefilter && stats.n_posinf == 0 && stats.n_finite >= 2 && (topk || topp);
-    let (delta1, delta2) = if !use_pf {
-        (f32::NEG_INFINITY, f32::NEG_INFINITY)
-    } else if topk {
-        // The Gaussian model describes the finite entries (the others are
-        // NaN or -inf here: rows with +inf skip the pre-filter).
-        (
-            prefilter_delta_for_k(k, stats.n_finite),
-            prefilter_delta_second_tier_for_k(k, stats.n_finite),
-        )
-    } else {
-        let d = prefilter_delta_for_p(top_p, sd / temperature, stats.n_finite);
-        (d, d - TOP_P_SECOND_TIER_DROP)
-    };
-    let threshold_key = |delta: f32| {
-        // Never above the row's max: then its ties alone may suffice.
-        let t = (mu + delta * sd).min(stats.max());
-        if delta == f32::NEG_INFINITY || t.is_nan() {
-            0
-        } else {
-            f32_key(t.to_bits())
-        }
-    };
-    let (t1, t2) = (threshold_key(delta1), threshold_key(delta2));
+    let Plan {
+        k,
+        topk,
+        top_p,
+        topp,
+        weights: w,
+        prefiltered: use_pf,
+        t1,
+        t2,
+    } = Plan::new(&stats, shift, n, params);
 
     // Pass 2: min-p's survivors by tier: `>= t1`, `[t2, t1)`, `< t2`.
     #[derive(Clone, Copy)]

@@ -42,9 +42,8 @@ use crate::noise;
 use crate::params::{ROW_THREADS, TOPK_TOPP_SEGMENT, TOPK_TOPP_SMEM_BYTES};
 use crate::philox;
 use crate::pivot::{
-    Cut, Found, Measure, Pivots, QuadAcc, QuadSearch, RowStats, TOP_P_SECOND_TIER_DROP, Weights,
-    index_key, prefilter_delta_for_k, prefilter_delta_for_p, prefilter_delta_second_tier_for_k,
-    top_p_ties,
+    Cut, Found, Measure, Pivots, Plan, QuadAcc, QuadSearch, RowParams, RowStats, Weights,
+    index_key, top_p_ties,
 };
 use crate::radix::{f32_from_key, f32_key};
 
@@ -626,52 +625,28 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
         if !stats.is_valid() {
             return (none, Source { row, list: None });
         }
-        let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
-        let k = if greedy {
-            1
-        } else if params.top_k == 0 || params.top_k >= n {
-            n
-        } else {
-            params.top_k
-        };
-        let topk = k < n;
-        let top_p = if params.top_p.is_nan() {
-            1.0
-        } else if params.top_p > 0.0 {
-            params.top_p
-        } else {
-            f32::MIN_POSITIVE
-        };
-        let topp = !greedy && top_p < 1.0;
-        let min_p = if greedy { 0.0 } else { params.min_p };
-        let temperature = if greedy { 1.0 } else { params.temperature };
-        let w = Weights::new(stats.max(), temperature, min_p);
-
-        // Pre-filter thresholds.
-        let (mu, sd) = stats.mean_sd(shift);
-        let use_pf = stats.n_posinf == 0 && stats.n_finite >= 2 && (topk || topp);
-        let (delta1, delta2) = if !use_pf {
-            (f32::NEG_INFINITY, f32::NEG_INFINITY)
-        } else if topk {
-            (
-                prefilter_delta_for_k(k, stats.n_finite),
-                prefilter_delta_second_tier_for_k(k, stats.n_finite),
-            )
-        } else {
-            let d = prefilter_delta_for_p(top_p, sd / temperature, stats.n_finite);
-            (d, d - TOP_P_SECOND_TIER_DROP)
-        };
-        let max = stats.max();
-        let threshold_key = |delta: f32| {
-            // Never above the row's max: then its ties alone may suffice.
-            let t = (mu + delta * sd).min(max);
-            if delta == f32::NEG_INFINITY || t.is_nan() {
-                0
-            } else {
-                f32_key(t.to_bits())
-            }
-        };
-        let (t1, t2) = (threshold_key(delta1), threshold_key(delta2));
+        let plan = Plan::new(
+            &stats,
+            shift,
+            n,
+            &RowParams {
+                top_k: params.top_k,
+                top_p: params.top_p,
+                min_p: params.min_p,
+                temperature: params.temperature,
+                prefilter: true,
+            },
+        );
+        let Plan {
+            k,
+            topk,
+            top_p,
+            topp,
+            weights: w,
+            t1,
+            t2,
+            ..
+        } = plan;
 
         // Pass 2: min-p's survivors by tier, and those of the first tier
         // (the usual candidates) compacted into the list, each warp into its own segment in
