@@ -7,6 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::{Device, Result, Workspace};
+use half::bf16;
+use rand::rngs::StdRng;
 
 pub const L2_BYTES: usize = 60 << 20;
 
@@ -21,10 +23,27 @@ pub fn time_us(
     stream: &Arc<CudaStream>,
     warmup: usize,
     reps: usize,
+    f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    time_us_joined(stream, &[], warmup, reps, f)
+}
+
+/// [`time_us`] for calls that also run on `others` (other ranks' streams,
+/// on any device): the events are on `stream`; each sample forks `others`
+/// from its start event and joins them back before its end event, so that
+/// every stream's work of the sample lies between the two.
+pub fn time_us_joined(
+    stream: &Arc<CudaStream>,
+    others: &[Arc<CudaStream>],
+    warmup: usize,
+    reps: usize,
     mut f: impl FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
     for i in 0..warmup {
         f(i)?;
+    }
+    for s in others {
+        s.synchronize()?;
     }
     let ctx = stream.context();
     let mut times = Vec::with_capacity(reps);
@@ -33,9 +52,15 @@ pub fn time_us(
     let mut i = warmup;
     for _ in 0..reps {
         start.record(stream)?;
+        for s in others {
+            s.wait(&start)?;
+        }
         for _ in 0..CALLS_PER_SAMPLE {
             f(i)?;
             i += 1;
+        }
+        for s in others {
+            stream.join(s)?;
         }
         end.record(stream)?;
         end.synchronize()?;
@@ -43,6 +68,26 @@ pub fn time_us(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[reps / 2])
+}
+
+/// `n` bf16 values of root-mean-square `rms`: a Gaussian row of up to 16 Mi
+/// values (`common::push_row`), tiled.
+pub fn gaussian_bf16(rng: &mut StdRng, n: usize, rms: f32) -> Vec<bf16> {
+    let mut pattern = Vec::new();
+    crate::common::push_row(
+        rng,
+        crate::common::Dist::Gaussian,
+        n.min(1 << 24),
+        &mut pattern,
+    );
+    let now = (pattern.iter().map(|x| x * x).sum::<f32>() / pattern.len() as f32).sqrt();
+    let scale = rms / now;
+    pattern
+        .iter()
+        .cycle()
+        .take(n)
+        .map(|&x| bf16::from_f32(x * scale))
+        .collect()
 }
 
 /// Whether the case named `case` runs: every case, unless

@@ -22,27 +22,12 @@ use std::fmt::Write as _;
 use cudarc::driver::CudaSlice;
 use flashsample::{FusedOutput, HeadInput, HeadShape, Result, RowParams, TpSampler, VocabSplit};
 use half::bf16;
-use harness::time_us;
+use harness::{gaussian_bf16, time_us};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 const SHARDS: [usize; 4] = [2, 3, 4, 8];
 const TARGET_ADDED: f64 = 0.03;
-
-/// `n` bf16 values of root-mean-square `rms`: a Gaussian row of up to 16 Mi
-/// values (`common::push_row`), tiled.
-fn gaussian_bf16(rng: &mut StdRng, n: usize, rms: f32) -> Vec<bf16> {
-    let mut pattern = Vec::new();
-    common::push_row(rng, common::Dist::Gaussian, n.min(1 << 24), &mut pattern);
-    let now = (pattern.iter().map(|x| x * x).sum::<f32>() / pattern.len() as f32).sqrt();
-    let scale = rms / now;
-    pattern
-        .iter()
-        .cycle()
-        .take(n)
-        .map(|&x| bf16::from_f32(x * scale))
-        .collect()
-}
 
 fn main() -> Result<()> {
     let Some(harness::Setup {
