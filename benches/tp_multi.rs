@@ -403,17 +403,24 @@ fn rearrange(
     let (dst, _rd) = full.device_ptr_mut(stream);
     stream.context().bind_to_thread()?;
     for r in 0..tp {
-        // SAFETY: all-zero is a valid CUDA_MEMCPY2D (null host pointers and
-        // arrays, unused for device-to-device copies).
-        let mut copy: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-        copy.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        copy.srcDevice = src + (r * batch * rows * f32_bytes) as u64;
-        copy.srcPitch = rows * f32_bytes;
-        copy.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        copy.dstDevice = dst + (r * rows * f32_bytes) as u64;
-        copy.dstPitch = tp * rows * f32_bytes;
-        copy.WidthInBytes = rows * f32_bytes;
-        copy.Height = batch;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src + (r * batch * rows * f32_bytes) as u64,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: rows * f32_bytes,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst + (r * rows * f32_bytes) as u64,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: tp * rows * f32_bytes,
+            WidthInBytes: rows * f32_bytes,
+            Height: batch,
+        };
         // SAFETY: both ranges lie inside `gathered` (`tp * batch * rows`
         // values) and `full` (`batch * tp * rows`), allocated in the bound
         // context and kept alive by the guards until the copy is enqueued
