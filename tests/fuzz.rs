@@ -8,8 +8,13 @@ mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use flashsample::kernels::params::FUSED_BLOCK_V;
+use flashsample::kernels::radix_select::SLAB;
+use flashsample::kernels::sample::MAX_VOCAB;
 use flashsample::reference::{self, SamplingParams};
-use flashsample::{Backend, HeadShape, Rows};
+use flashsample::{
+    Backend, HeadShape, MAX_CLUSTER, MAX_SHARDS, RadixCaps, Route, Rows, VocabSplit, plan_route,
+};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -37,6 +42,36 @@ fn fuzz<I: std::fmt::Debug>(
         (CASES / 20..=CASES - CASES / 20).contains(&accepted),
         "{name}: {accepted} of {CASES} accepted"
     );
+}
+
+/// [`fuzz`] for an entry point that never rejects (a total function such
+/// as a planner): `f` says which of `outcomes` the call gave, and every one
+/// must occur in at least 1 % of the cases, so that the fuzzing reaches
+/// each branch.
+fn fuzz_total<I: std::fmt::Debug, const N: usize>(
+    name: &str,
+    outcomes: [&str; N],
+    mut generate: impl FnMut(&mut StdRng) -> I,
+    mut f: impl FnMut(&I) -> usize,
+) {
+    let mut rng = common::rng(name);
+    let mut seen = [0usize; N];
+    for case in 0..CASES {
+        let input = generate(&mut rng);
+        match catch_unwind(AssertUnwindSafe(|| f(&input))) {
+            Ok(outcome) => seen[outcome] += 1,
+            Err(_) => panic!("{name}: case {case} panicked on {input:?}"),
+        }
+    }
+    let counts: Vec<String> = outcomes
+        .iter()
+        .zip(&seen)
+        .map(|(o, n)| format!("{n} {o}"))
+        .collect();
+    println!("{name}: {CASES} cases, {}, no panic", counts.join(", "));
+    for (o, &n) in outcomes.iter().zip(&seen) {
+        assert!(n >= CASES / 100, "{name}: only {n} of {CASES} gave {o}");
+    }
 }
 
 /// A size: mostly small, sometimes 0, huge or at the edge of the types.
@@ -333,6 +368,438 @@ fn arch_choice_never_panics() {
                 true
             }
             Err(_) => false,
+        },
+    );
+}
+
+/// A probability row: mostly plausible probabilities, with ties, zeros and
+/// the special values (NaN, +-inf, negatives, subnormals) mixed in;
+/// sometimes empty.
+fn probs(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let mut row: Vec<f32> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let x = match rng.random_range(0..10) {
+            0 => float(rng),
+            1 => 0.0,
+            2 if !row.is_empty() => row[rng.random_range(0..row.len())],
+            _ => rng.random_range(0.0f32..1.0),
+        };
+        row.push(x);
+    }
+    row
+}
+
+fn top_k(rng: &mut StdRng) -> u32 {
+    match rng.random_range(0..10) {
+        0 => 0,
+        1 => 1,
+        2 => u32::MAX,
+        3 => SLAB + rng.random_range(0..2),
+        _ => rng.random_range(1..40),
+    }
+}
+
+fn top_p(rng: &mut StdRng) -> f32 {
+    match rng.random_range(0..12) {
+        0 => f32::NAN,
+        1 => 0.0,
+        2 => -rng.random_range(0.0f32..1.0),
+        3 => 1.0 + rng.random_range(1e-6f32..2.0),
+        4 => 1e-7,
+        5 | 6 => 1.0,
+        7 => float(rng),
+        _ => rng.random_range(0.01f32..1.0),
+    }
+}
+
+/// A GPU token to check against the reference: in range, just past the
+/// row, far past it, or invalid.
+fn gpu_token(rng: &mut StdRng, len: usize) -> Option<u32> {
+    match rng.random_range(0..4) {
+        0 => None,
+        1 => Some(u32::MAX),
+        _ => Some(rng.random_range(0..len as u32 + 2)),
+    }
+}
+
+#[test]
+fn radix_top_k_never_panics() {
+    // The route planner is total: it never rejects, so its fuzzing asks
+    // for every route instead of both outcomes.
+    fuzz_total(
+        "plan_route",
+        ["Pivot", "SingleCta", "Cluster", "Cooperative"],
+        |rng| {
+            let (batch, vocab) = if rng.random_bool(0.7) {
+                (
+                    [1, 2, 4, rng.random_range(1..600)][rng.random_range(0..4)],
+                    [3000, 32_768, 128_256, 151_936, rng.random_range(1..300_000)]
+                        [rng.random_range(0..5)],
+                )
+            } else {
+                (size(rng), size(rng))
+            };
+            let rows = Rows {
+                batch,
+                vocab,
+                row_stride: if rng.random_bool(0.8) {
+                    vocab
+                } else {
+                    size(rng)
+                },
+            };
+            let max_k = match rng.random_range(0..8) {
+                0 => 0,
+                1 => SLAB,
+                2 => SLAB + 1,
+                3 => u32::MAX,
+                _ => rng.random_range(1..200),
+            };
+            let pick = |choices: &[u32], rng: &mut StdRng| {
+                if rng.random_bool(0.2) {
+                    rng.random()
+                } else {
+                    choices[rng.random_range(0..choices.len())]
+                }
+            };
+            let caps = RadixCaps {
+                sm_count: pick(&[0, 1, 108, 132, u32::MAX], rng),
+                max_cluster: pick(&[0, 0, 1, 2, 8, 8, 16, u32::MAX], rng),
+                ctas_per_sm: pick(&[0, 1, 1, 2, 4, u32::MAX], rng),
+                cache_elems: pick(&[0, 1, 49_792, u32::MAX], rng),
+            };
+            (rows, max_k, caps)
+        },
+        |(rows, max_k, caps)| {
+            let route = plan_route(rows, *max_k, caps);
+            assert_eq!(route, plan_route(rows, *max_k, caps));
+            // The pivot path exactly above SLAB.
+            assert_eq!(route == Route::Pivot, *max_k > SLAB, "{route:?}");
+            // Split routes: 2 to MAX_CLUSTER CTAs per row of at least 2048
+            // elements each; clusters only where the GPU has them (and no
+            // larger than it schedules), cooperative CTAs all resident.
+            let split = |ctas: u32| {
+                assert!((2..=MAX_CLUSTER).contains(&ctas), "{route:?}");
+                assert!(u64::from(ctas) * 2048 <= rows.vocab as u64, "{route:?}");
+            };
+            match route {
+                Route::Pivot => 0,
+                Route::SingleCta => 1,
+                Route::Cluster { ctas } => {
+                    split(ctas);
+                    assert!(caps.max_cluster >= 2 && ctas <= caps.max_cluster);
+                    2
+                }
+                Route::Cooperative { ctas } => {
+                    split(ctas);
+                    assert!(caps.max_cluster < 2);
+                    let slots = u128::from(caps.sm_count) * u128::from(caps.ctas_per_sm);
+                    assert!(rows.batch as u128 * u128::from(ctas) <= slots, "{route:?}");
+                    3
+                }
+            }
+        },
+    );
+
+    fuzz(
+        "reference probability samplers (one row)",
+        |rng| {
+            let n = match rng.random_range(0..20) {
+                0 => 0,
+                1 => rng.random_range(1..1200),
+                _ => rng.random_range(1..40),
+            };
+            (
+                probs(rng, n),
+                top_k(rng),
+                top_p(rng),
+                rng.random::<u64>(),
+                rng.random::<u64>(),
+                gpu_token(rng, n),
+            )
+        },
+        |(row, k, p, seed, offset, gpu)| {
+            for &x in row {
+                let w = reference::prob_weight(x);
+                if x > 0.0 && x.is_finite() {
+                    assert_eq!(w, f64::from(x));
+                } else {
+                    assert_eq!(w, 0.0, "weight of {x}");
+                }
+            }
+            // The total order: weight descending, ties by lower index.
+            let before = |a: u32, b: u32| {
+                let (wa, wb) = (
+                    reference::prob_weight(row[a as usize]),
+                    reference::prob_weight(row[b as usize]),
+                );
+                wa > wb || (wa == wb && a < b)
+            };
+            let top = reference::probs_top_k(row, *k);
+            assert_eq!(top.is_ok(), *k > 0 && !row.is_empty(), "{top:?}");
+            if let Ok(top) = &top {
+                assert_eq!(top.len(), (*k as usize).min(row.len()));
+                assert!(top.windows(2).all(|w| before(w[0], w[1])));
+                // The first of the total order: nothing left out precedes
+                // the last kept.
+                let mut taken = vec![false; row.len()];
+                for &j in top {
+                    taken[j as usize] = true;
+                }
+                let last = *top.last().unwrap();
+                assert!((0..row.len() as u32).all(|j| taken[j as usize] || before(last, j)));
+            }
+            let kept = reference::probs_kept_set(row, *k, *p);
+            let drawn = reference::sample_probs_top_k_top_p(row, *k, *p, *seed, *offset);
+            let near = reference::probs_top_p_near_boundary(row, *k, *p);
+            assert_eq!(drawn.is_ok(), kept.is_ok());
+            assert_eq!(near.is_ok(), kept.is_ok());
+            // Whatever the GPU says, the check answers without panicking.
+            let _ = reference::probs_draw_agrees(row, *k, *p, *seed, *offset, *gpu);
+            let Ok(kept) = kept else {
+                assert!(reference::probs_draw_agrees(row, *k, *p, *seed, *offset, None).is_err());
+                return false;
+            };
+            let top = top.expect("a kept set of a rejected top-k");
+            let mass: f64 = top
+                .iter()
+                .map(|&j| reference::prob_weight(row[j as usize]))
+                .sum();
+            // A prefix of the top-k: empty exactly when the top-k has no
+            // mass, else the first entry always, the whole top-k at top-p 1.
+            assert_eq!(kept[..], top[..kept.len()]);
+            assert_eq!(kept.is_empty(), mass == 0.0, "{kept:?} of mass {mass}");
+            if *p == 1.0 && mass > 0.0 {
+                assert_eq!(kept.len(), top.len());
+            }
+            let drawn = drawn.unwrap();
+            match drawn {
+                None => assert!(kept.is_empty()),
+                Some(t) => {
+                    assert!(kept.contains(&t), "drew {t} outside {kept:?}");
+                    assert!(reference::prob_weight(row[t as usize]) > 0.0);
+                }
+            }
+            // The reference's own draw always agrees with itself.
+            reference::probs_draw_agrees(row, *k, *p, *seed, *offset, drawn).unwrap();
+            if let Some(g) = gpu
+                && !top.contains(g)
+            {
+                assert!(
+                    reference::probs_draw_agrees(row, *k, *p, *seed, *offset, Some(*g)).is_err()
+                );
+            }
+            true
+        },
+    );
+
+    fuzz(
+        "reference::sample_probs_top_k_top_p_batch",
+        |rng| {
+            let vocab = if rng.random_bool(0.9) {
+                rng.random_range(1..30)
+            } else {
+                size(rng)
+            };
+            let batch = rng.random_range(0..4);
+            let n = if rng.random_bool(0.85) {
+                batch * vocab.min(30)
+            } else {
+                rng.random_range(0..100)
+            };
+            let m = |rng: &mut StdRng| {
+                if rng.random_bool(0.95) {
+                    batch
+                } else {
+                    rng.random_range(0..5)
+                }
+            };
+            let (nk, np, ns, no) = (m(rng), m(rng), m(rng), m(rng));
+            let sane_k = |rng: &mut StdRng| {
+                if rng.random_bool(0.9) {
+                    rng.random_range(1..40)
+                } else {
+                    top_k(rng)
+                }
+            };
+            let sane_p = |rng: &mut StdRng| {
+                if rng.random_bool(0.85) {
+                    rng.random_range(0.01f32..=1.0)
+                } else {
+                    top_p(rng)
+                }
+            };
+            (
+                probs(rng, n),
+                vocab,
+                (0..nk).map(|_| sane_k(rng)).collect::<Vec<_>>(),
+                (0..np).map(|_| sane_p(rng)).collect::<Vec<_>>(),
+                (0..ns).map(|_| rng.random()).collect::<Vec<u64>>(),
+                (0..no).map(|_| rng.random()).collect::<Vec<u64>>(),
+            )
+        },
+        |(probs, vocab, k, p, seed, offset)| {
+            match reference::sample_probs_top_k_top_p_batch(probs, *vocab, k, p, seed, offset) {
+                Ok(tokens) => {
+                    // One entry per row, each the row's own draw.
+                    assert_eq!(tokens.len(), k.len());
+                    assert_eq!(probs.len(), k.len() * vocab);
+                    for (r, t) in tokens.iter().enumerate() {
+                        let row = &probs[r * vocab..(r + 1) * vocab];
+                        let want = reference::sample_probs_top_k_top_p(
+                            row, k[r], p[r], seed[r], offset[r],
+                        );
+                        assert_eq!(Ok(*t), want);
+                    }
+                    true
+                }
+                Err(_) => false,
+            }
+        },
+    );
+}
+
+/// A shard count: 0, 1, the limit and just past it, a few, or any size.
+fn shards(rng: &mut StdRng) -> usize {
+    match rng.random_range(0..10) {
+        0 => 0,
+        1 => 1,
+        2 => MAX_SHARDS,
+        3 => MAX_SHARDS + 1,
+        4 => size(rng),
+        _ => rng.random_range(2..17),
+    }
+}
+
+/// A vocabulary size: real ones, the limits, or any size.
+fn vocab(rng: &mut StdRng) -> usize {
+    match rng.random_range(0..10) {
+        0 | 1 => size(rng),
+        2 => MAX_VOCAB as usize + rng.random_range(0..2),
+        3 => [151_936, 128_256, 32_000][rng.random_range(0..3)],
+        4 => rng.random_range(0..4) * FUSED_BLOCK_V as usize,
+        _ => rng.random_range(0..300_000),
+    }
+}
+
+#[derive(Debug)]
+enum SplitCall {
+    Even(usize, usize),
+    TileAligned(usize, usize),
+    FromBounds(Vec<usize>),
+}
+
+#[test]
+fn vocab_split_never_panics() {
+    fuzz(
+        "VocabSplit",
+        |rng| {
+            let call = match rng.random_range(0..3) {
+                0 => SplitCall::Even(vocab(rng), shards(rng)),
+                1 => SplitCall::TileAligned(vocab(rng), shards(rng)),
+                _ => {
+                    // Mostly increasing bounds from 0 (on the tile grid or
+                    // not), then broken: unsorted, duplicated, out of
+                    // range, a nonzero start, too many, too few.
+                    let n = match rng.random_range(0..10) {
+                        0 => rng.random_range(0..2),
+                        1 => MAX_SHARDS + rng.random_range(0..3),
+                        _ => rng.random_range(2..12),
+                    };
+                    let step = if rng.random_bool(0.3) {
+                        FUSED_BLOCK_V as usize
+                    } else {
+                        1
+                    };
+                    let mut b = 0;
+                    let mut bounds: Vec<usize> = (0..n)
+                        .map(|i| {
+                            if i > 0 {
+                                b += step * rng.random_range(1..20_000);
+                            }
+                            b
+                        })
+                        .collect();
+                    if !bounds.is_empty() {
+                        let i = rng.random_range(0..bounds.len());
+                        let j = rng.random_range(0..bounds.len());
+                        match rng.random_range(0..12) {
+                            0 => bounds.swap(i, j),
+                            1 => bounds[i] = bounds[j],
+                            2 => bounds[i] = usize::MAX - rng.random_range(0..2),
+                            3 => bounds[i] = MAX_VOCAB as usize + rng.random_range(0..2),
+                            4 => bounds[0] = rng.random_range(1..10),
+                            5 => bounds.insert(i, bounds[i]),
+                            _ => {}
+                        }
+                    }
+                    SplitCall::FromBounds(bounds)
+                }
+            };
+            (call, float(rng))
+        },
+        |(call, x)| {
+            let split = match call {
+                SplitCall::Even(v, n) => VocabSplit::even(*v, *n),
+                SplitCall::TileAligned(v, n) => VocabSplit::tile_aligned(*v, *n),
+                SplitCall::FromBounds(b) => VocabSplit::from_bounds(b.clone()),
+            };
+            let Ok(split) = split else { return false };
+            let bounds = split.bounds();
+            let n = split.shards();
+            let block = FUSED_BLOCK_V as usize;
+            // 0, then 1 to MAX_SHARDS strictly increasing ends (every shard
+            // holds a token), the vocabulary last.
+            assert_eq!(bounds.len(), n + 1);
+            assert!((1..=MAX_SHARDS).contains(&n));
+            assert_eq!(bounds[0], 0);
+            assert_eq!(bounds[n], split.vocab());
+            assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{bounds:?}");
+            assert!(split.vocab() as u64 <= MAX_VOCAB);
+            for r in 0..n {
+                assert_eq!(split.range(r), Some(bounds[r]..bounds[r + 1]));
+            }
+            assert_eq!(split.range(n), None);
+            assert_eq!(split.range(usize::MAX), None);
+            let aligned = bounds[1..n].iter().all(|b| b % block == 0);
+            assert_eq!(split.is_tile_aligned(), aligned);
+            match call {
+                SplitCall::Even(v, s) => {
+                    assert_eq!((split.vocab(), n), (*v, *s));
+                    for (r, &b) in bounds.iter().enumerate() {
+                        assert_eq!(b as u128, r as u128 * *v as u128 / *s as u128);
+                    }
+                }
+                SplitCall::TileAligned(v, s) => {
+                    assert_eq!((split.vocab(), n), (*v, *s));
+                    assert!(split.is_tile_aligned());
+                    // At least one tile per shard, spread as evenly as
+                    // possible.
+                    let tiles: Vec<usize> = bounds
+                        .windows(2)
+                        .map(|w| w[1].div_ceil(block) - w[0] / block)
+                        .collect();
+                    let (lo, hi) = (tiles.iter().min().unwrap(), tiles.iter().max().unwrap());
+                    assert!(*lo >= 1 && hi - lo <= 1, "{tiles:?}");
+                }
+                SplitCall::FromBounds(b) => assert_eq!(bounds, &b[..]),
+            }
+            // The tolerance: 0 when aligned, else (2 D + 1) 2^-21 +
+            // 2^-20 |x| with D = 47 + ceil(parts / 256), parts the tiles
+            // plus one per boundary inside a tile.
+            let tol = split.lse_tolerance(*x);
+            if aligned {
+                assert_eq!(tol, 0.0);
+            } else if x.is_finite() {
+                let inside = bounds[1..n].iter().filter(|b| *b % block != 0).count();
+                let parts = split.vocab().div_ceil(block) + inside;
+                let depth = 47 + parts.div_ceil(256);
+                let want = (2 * depth + 1) as f64 / 2_097_152.0 + f64::from(x.abs()) / 1_048_576.0;
+                assert!(tol > 0.0 && (f64::from(tol) - want).abs() <= want * 1e-6);
+            } else {
+                assert!(tol.is_nan() || tol == f32::INFINITY, "{tol} for {x}");
+            }
+            true
         },
     );
 }

@@ -309,14 +309,16 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
     let chunk = vocab.div_ceil(u64::from(ctas));
     let uncached = chunk.saturating_sub(u64::from(caps.cache_elems));
     let slots = u64::from(caps.sm_count.max(1)) * u64::from(caps.ctas_per_sm.max(1));
-    let ctas_total = rows.batch as u64 * u64::from(ctas);
+    // Saturating: absurd shapes (rejected at launch) must not overflow
+    // the estimate.
+    let ctas_total = (rows.batch as u64).saturating_mul(u64::from(ctas));
     let active = ctas_total.min(slots);
     let waves = ctas_total.div_ceil(slots) as f64;
     let bw = (HBM_BYTES_PER_US / active as f64).min(CTA_MAX_BYTES_PER_US);
     // The streaming pass reads the chunk once; the gather pass reads the
     // uncached part again (from L2).
-    let per_cta = (chunk * 4) as f64 / bw
-        + (uncached * 4) as f64 / CTA_L2_BYTES_PER_US
+    let per_cta = chunk as f64 * 4.0 / bw
+        + uncached as f64 * 4.0 / CTA_L2_BYTES_PER_US
         + CTA_FIXED_US
         + PEER_US * f64::from(ctas);
     waves * per_cta
