@@ -35,6 +35,10 @@ tasks:
   install-ptxas [--force]
       Download the pinned nvidia-cuda-nvcc wheel with pip and unpack it into
       target/tools/nvcc (ptxas: target/tools/nvcc/nvidia/cu13/bin/ptxas).
+  sass [--arch sm_90a] [--kernel NAME]
+      Assemble the arch's PTX with the pinned ptxas and print the SASS (of
+      one kernel with --kernel) and each function's instruction count;
+      cuobjdump and nvdisasm come from PyPI wheels on first use.
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
       and lay them out with a `run` script in DIR (default: bundle).
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         "build-ptx" => build_ptx::main(rest),
         "install-ptxas" => tools::install_ptxas_main(rest),
         "gpu-bundle" => bundle::main(rest),
+        "sass" => tools::sass_main(rest),
         "fetch-model" => model::fetch_model_main(rest),
         "logits-corpus" => model::logits_corpus_main(rest),
         "help" | "-h" | "--help" => {

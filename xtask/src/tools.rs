@@ -99,8 +99,14 @@ pub fn install_ptxas_main(args: &[String]) -> Result<(), String> {
 
 /// Downloads the wheel into `download` and unpacks it into `staging`.
 fn download_and_unpack(download: &Path, staging: &Path) -> Result<(), String> {
+    unpack_wheel(download, PTXAS_WHEEL, staging, "ptxas")
+}
+
+/// Downloads the wheel `spec` into `download`, unpacks it into `staging`
+/// and checks that it holds `nvidia/cu13/bin/<tool>` (made executable).
+fn unpack_wheel(download: &Path, spec: &str, staging: &Path, tool: &str) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(staging);
-    let wheel = pip_download_wheel(download, PTXAS_WHEEL)?;
+    let wheel = pip_download_wheel(download, spec)?;
     println!("unpacking {}", wheel.display());
     std::fs::create_dir_all(staging).map_err(|e| format!("creating {}: {e}", staging.display()))?;
     let unzip = Command::new("unzip")
@@ -126,13 +132,106 @@ fn download_and_unpack(download: &Path, staging: &Path) -> Result<(), String> {
         return Err(format!("unpacking {} failed", wheel.display()));
     }
     let bin = staging.join("nvidia/cu13/bin");
-    if !bin.join("ptxas").is_file() {
+    if !bin.join(tool).is_file() {
         return Err(format!(
-            "the wheel has no nvidia/cu13/bin/ptxas (unpacked into {})",
+            "the wheel has no nvidia/cu13/bin/{tool} (unpacked into {})",
             staging.display()
         ));
     }
     make_executable(&bin)
+}
+
+/// The PyPI wheels of the SASS disassembler (`cuobjdump` drives
+/// `nvdisasm`); any version reads the cubins of the pinned ptxas.
+const SASS_WHEELS: &[(&str, &str)] = &[
+    ("nvidia-cuda-cuobjdump==13.2.78", "cuobjdump"),
+    ("nvidia-cuda-nvdisasm==13.5.37", "nvdisasm"),
+];
+
+/// `cuobjdump` with `nvdisasm` next to it, unpacked into target/tools/sass
+/// on first use.
+fn sass_tools() -> Result<PathBuf, String> {
+    let bin = workspace_root().join("target/tools/sass/nvidia/cu13/bin");
+    if SASS_WHEELS.iter().all(|(_, t)| bin.join(t).is_file()) {
+        return Ok(bin);
+    }
+    let tools = workspace_root().join("target/tools");
+    for (spec, tool) in SASS_WHEELS {
+        let download = tools.join(format!("download-{tool}-{}", std::process::id()));
+        let staging = tools.join(format!("{tool}-staging-{}", std::process::id()));
+        let result = unpack_wheel(&download, spec, &staging, tool);
+        let _ = std::fs::remove_dir_all(&download);
+        result?;
+        std::fs::create_dir_all(&bin).map_err(|e| format!("creating {}: {e}", bin.display()))?;
+        let from = staging.join("nvidia/cu13/bin").join(tool);
+        std::fs::rename(&from, bin.join(tool))
+            .map_err(|e| format!("moving {}: {e}", from.display()))?;
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    Ok(bin)
+}
+
+/// `cargo xtask sass`: assembles one arch's PTX module with the pinned
+/// ptxas and prints its SASS (one kernel with `--kernel`), then the SASS
+/// instruction count of every function (loop bodies too large for the
+/// instruction cache show up there first).
+pub fn sass_main(args: &[String]) -> Result<(), String> {
+    let opts = Opts::parse(args, &["arch", "kernel"], &[])?;
+    let arch = crate::build_ptx::select_arches(&[opts.last("arch").unwrap_or("sm_90a")])?;
+    let ptxas = find_ptxas()?.ok_or("no ptxas: run `cargo xtask install-ptxas` first")?;
+    let bin = sass_tools()?;
+    let out = crate::build_ptx::default_out();
+    crate::build_ptx::build(&arch, &out)?;
+    let name = arch[0].name;
+    let ptx = out.join(name).join(crate::build_ptx::PTX_FILE);
+    let cubin = out.join(name).join("flashsample_kernels.cubin");
+    let status = Command::new(&ptxas)
+        .args(["-O3", &format!("-arch={name}"), "-o"])
+        .arg(&cubin)
+        .arg(&ptx)
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+    if !status.success() {
+        return Err(format!("ptxas failed on {} ({status})", ptx.display()));
+    }
+    let mut cmd = Command::new(bin.join("cuobjdump"));
+    cmd.env("NVDISASM_PATH", &bin).arg("-sass");
+    if let Some(k) = opts.last("kernel") {
+        cmd.args(["-fun", k]);
+    }
+    let dump = cmd
+        .arg(&cubin)
+        .output()
+        .map_err(|e| format!("cannot run cuobjdump: {e}"))?;
+    if !dump.status.success() {
+        return Err(format!(
+            "cuobjdump failed: {}",
+            String::from_utf8_lossy(&dump.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&dump.stdout);
+    println!("{text}");
+    println!("SASS instructions per function ({name}):");
+    let mut current: Option<(&str, usize)> = None;
+    for line in text.lines() {
+        if let Some(f) = line.trim().strip_prefix("Function : ") {
+            if let Some((n, c)) = current.take() {
+                println!("  {n:<50} {c:>7}");
+            }
+            current = Some((f, 0));
+        } else if let Some((_, c)) = current.as_mut() {
+            // An instruction line: `/*addr*/  OPCODE operands ;  /* encoding */`
+            // (the encoding's second half is a line of its own, without `;`).
+            let t = line.trim_start();
+            if t.starts_with("/*") && t.contains(';') {
+                *c += 1;
+            }
+        }
+    }
+    if let Some((n, c)) = current {
+        println!("  {n:<50} {c:>7}");
+    }
+    Ok(())
 }
 
 /// Sets the executable bits on every file of `dir` (zipfile drops them).
