@@ -117,12 +117,6 @@ fn run(args: &Args) -> Result<()> {
     let (backend, why) = Backend::auto();
     let mut sampler = Sampler::new(backend, args.params)?;
     println!("sampling on {} ({why})", sampler.describe());
-    if sampler.truncates() {
-        println!(
-            "top-k / top-p / min-p requested: truncated sampling runs on the CPU float64 \
-             reference (the GPU truncation kernels are not written yet)"
-        );
-    }
 
     let path = smollm::cache::model_path()?;
     let load = Instant::now();

@@ -15,7 +15,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::{MAX_SEQ_LEN, ModelWeights};
 use flashsample::Backend;
-use flashsample::reference::{self, SamplingParams};
+use flashsample::reference::SamplingParams;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -350,9 +350,9 @@ pub fn truncates(params: &SamplingParams) -> bool {
     params.top_k != 0 || params.top_p < 1.0 || params.min_p > 0.0
 }
 
-/// One row's sampling through flashsample: Gumbel-max on `backend` when no
-/// truncation is asked for, else the CPU float64 reference's truncated
-/// sampler (the GPU truncation kernels do not exist yet).
+/// One row's sampling through flashsample on `backend`: Gumbel-max when no
+/// truncation is asked for, else the truncated sampler (the Qrita kernels
+/// on the GPU, the float64 reference on the CPU).
 pub struct Sampler {
     backend: Backend,
     params: SamplingParams,
@@ -366,8 +366,7 @@ impl Sampler {
         Ok(Sampler { backend, params })
     }
 
-    /// Whether top-k, top-p or min-p is on (sampling then runs on the CPU
-    /// reference whatever the backend).
+    /// Whether top-k, top-p or min-p is on.
     pub fn truncates(&self) -> bool {
         truncates(&self.params)
     }
@@ -377,7 +376,11 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], offset: u64) -> Result<u32> {
         let p = self.params;
         let token = if self.truncates() {
-            reference::sample_top_k_top_p(logits, &SamplingParams { offset, ..p })?
+            self.backend
+                .sample_top_k_top_p(logits, logits.len(), &[SamplingParams { offset, ..p }])?
+                .first()
+                .copied()
+                .flatten()
         } else {
             self.backend
                 .sample_from_logits(logits, logits.len(), &[p.temperature], &[p.seed], &[offset])?

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::reference;
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
+use crate::topk_topp::TruncParams;
 
 /// Where sampling runs.
 #[derive(Debug)]
@@ -115,14 +116,82 @@ impl Backend {
                     &mut out,
                     workspace,
                 )?;
-                let tokens = stream.clone_dtoh(&out.tokens)?;
-                let valid = stream.clone_dtoh(&out.valid)?;
-                Ok(tokens
-                    .into_iter()
-                    .zip(valid)
-                    .map(|(t, v)| (v == 1).then_some(t))
-                    .collect())
+                read_tokens(stream, &out)
             }
         }
     }
+
+    /// Top-k / top-p / min-p sampling (temperature, min-p, top-k, then
+    /// top-p on what survives, vLLM's order) of contiguous `[batch, vocab]`
+    /// f32 logits in host memory, one token per row (`None` for a row with
+    /// nothing to sample): [`reference::sample_top_k_top_p`] on the CPU,
+    /// [`Device::sample_top_k_top_p`] (the Qrita pivot kernels) on the GPU,
+    /// with one [`reference::SamplingParams`] per row. The two agree except
+    /// where a cumulative mass is within rounding of a boundary.
+    ///
+    /// ```
+    /// use flashsample::reference::SamplingParams;
+    ///
+    /// let mut cpu = flashsample::Backend::Cpu;
+    /// let p = SamplingParams { temperature: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0, seed: 3, offset: 0 };
+    /// let t = cpu.sample_top_k_top_p(&[0.0f32, 5.0, 1.0], 3, &[p])?;
+    /// assert_eq!(t, vec![Some(1)]); // top-k = 1 keeps the argmax alone
+    /// # Ok::<(), flashsample::Error>(())
+    /// ```
+    pub fn sample_top_k_top_p(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[reference::SamplingParams],
+    ) -> Result<Vec<Option<u32>>> {
+        match self {
+            Backend::Cpu => Ok(reference::sample_top_k_top_p_batch(logits, vocab, params)?),
+            Backend::Gpu {
+                device,
+                stream,
+                workspace,
+            } => {
+                let batch = params.len();
+                let rows = Rows::contiguous(batch, vocab);
+                rows.validate("logits", logits.len())?;
+                if logits.len() != batch * vocab {
+                    return Err(crate::error::shape("logits", batch * vocab, logits.len()));
+                }
+                let column = |f: fn(&reference::SamplingParams) -> f32| -> Vec<f32> {
+                    params.iter().map(f).collect()
+                };
+                let trunc = TruncParams::upload(
+                    stream,
+                    &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
+                    &column(|p| p.top_p),
+                    &column(|p| p.min_p),
+                    &column(|p| p.temperature),
+                    &params.iter().map(|p| p.seed).collect::<Vec<_>>(),
+                    &params.iter().map(|p| p.offset).collect::<Vec<_>>(),
+                )?;
+                let d_logits = stream.clone_htod(logits).map_err(Error::from)?;
+                let mut out = SampleOutput::new(stream, batch)?;
+                device.sample_top_k_top_p(
+                    stream,
+                    &d_logits.as_view(),
+                    rows,
+                    &trunc,
+                    &mut out,
+                    workspace,
+                )?;
+                read_tokens(stream, &out)
+            }
+        }
+    }
+}
+
+/// The tokens of `out` back in host memory, `None` where a row is invalid.
+fn read_tokens(stream: &Arc<CudaStream>, out: &SampleOutput) -> Result<Vec<Option<u32>>> {
+    let tokens = stream.clone_dtoh(&out.tokens)?;
+    let valid = stream.clone_dtoh(&out.valid)?;
+    Ok(tokens
+        .into_iter()
+        .zip(valid)
+        .map(|(t, v)| (v == 1).then_some(t))
+        .collect())
 }

@@ -3,7 +3,7 @@
 # part of the model bundle. Joins the model's slices from every part, checks
 # its SHA-256, then runs the model tests (the fused sampler against the
 # unfused path on SmolLM2, candle's greedy decoding) and `generate` with and
-# without --fused. Logs go to $OUT (or out/ next to this script).
+# without --fused, and with top-k/top-p (the Qrita kernels). Logs go to $OUT (or out/ next to this script).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
@@ -28,5 +28,6 @@ timeout --kill-after=10 "${FLASHSAMPLE_STEP_TIMEOUT:-400}" "$MODEL_TEST" --test-
 PROMPT="Write a short story about a lighthouse keeper."
 timeout --kill-after=10 120 "$GENERATE" --prompt "$PROMPT" --max-tokens 128 --seed 7 >"$OUT/generate.log" 2>&1 || status=1
 timeout --kill-after=10 120 "$GENERATE" --fused --prompt "$PROMPT" --max-tokens 128 --seed 7 >"$OUT/generate-fused.log" 2>&1 || status=1
+timeout --kill-after=10 120 "$GENERATE" --prompt "$PROMPT" --max-tokens 128 --seed 7 --top-k 50 --top-p 0.9 >"$OUT/generate-topk.log" 2>&1 || status=1
 tail -3 "$OUT/model-tests.log"
 exit "$status"
