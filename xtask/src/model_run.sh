@@ -3,7 +3,8 @@
 # part of the model bundle. Joins the model's slices from every part, checks
 # its SHA-256, then runs the model tests (the fused sampler against the
 # unfused path on SmolLM2, candle's greedy decoding) and `generate` with and
-# without --fused, and with top-k/top-p (the Qrita kernels). Logs go to $OUT (or out/ next to this script).
+# without --fused, and with top-k/top-p (the Qrita kernels). Logs go to
+# $OUT (or out/ next to this script).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
