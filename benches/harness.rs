@@ -200,3 +200,64 @@ pub fn setup(name: &str) -> Result<Option<Setup>> {
         read_bw,
     }))
 }
+
+// The SmolLM2 logits corpus, for the benches' real-distribution lines. A
+// bench that also includes it itself gets a second copy, which is harmless.
+#[allow(clippy::duplicate_mod)]
+#[path = "../tests/corpus/mod.rs"]
+mod corpus;
+
+/// Width of the SmolLM2 corpus's logits rows.
+pub const REAL_VOCAB: usize = 49_152;
+
+/// Label of the real distribution in the bench reports.
+pub const REAL_LABEL: &str = "real (SmolLM2 rows tiled to V)";
+
+/// `n` logits rows of the SmolLM2 corpus (`FLASHSAMPLE_CORPUS`, else the
+/// full corpus next to the model), spread evenly over the file (every
+/// prompt and temperature), [`REAL_VOCAB`] wide; none, after a visible
+/// note, when there is no readable corpus.
+pub fn real_rows(n: usize) -> Vec<Vec<f32>> {
+    let path = std::env::var("FLASHSAMPLE_CORPUS")
+        .map(std::path::PathBuf::from)
+        .or_else(|_| corpus::default_path());
+    let rows = match path.as_ref().map(|p| corpus::Reader::open(p)) {
+        Ok(Ok(reader)) => {
+            let step = (corpus::Reader::count(&reader) / n.max(1)).max(1);
+            reader
+                .step_by(step)
+                .take(n)
+                .map(|r| r.map(|r| r.logits))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| e.to_string())
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.clone()),
+    };
+    match rows {
+        Ok(rows) if !rows.is_empty() => {
+            println!(
+                "logits corpus: {} real rows of {} logits",
+                rows.len(),
+                rows[0].len()
+            );
+            rows
+        }
+        Ok(_) => {
+            println!("empty logits corpus: no real-distribution lines");
+            Vec::new()
+        }
+        Err(e) => {
+            println!(
+                "no logits corpus ({e}; cargo xtask logits-corpus, or FLASHSAMPLE_CORPUS): no real-distribution lines"
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// `row` repeated (tiled) to `vocab` entries: the real rows are only
+/// [`REAL_VOCAB`] wide, so at larger V every value occurs 2 to 6 times.
+pub fn tile(row: &[f32], vocab: usize) -> impl Iterator<Item = f32> + '_ {
+    row.iter().copied().cycle().take(vocab)
+}

@@ -10,8 +10,6 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
-#[path = "../tests/corpus/mod.rs"]
-mod corpus;
 mod harness;
 
 use std::fmt::Write as _;
@@ -32,25 +30,6 @@ fn gaussian_rows(rng: &mut rand::rngs::StdRng, batch: usize, vocab: usize) -> Ve
         host.extend_from_within(..n);
     }
     host
-}
-
-/// Logits rows of the SmolLM2 corpus (`FLASHSAMPLE_CORPUS`, else the full
-/// corpus next to the model), at most 64; none when there is no corpus.
-fn real_rows() -> Vec<Vec<f32>> {
-    let path = std::env::var("FLASHSAMPLE_CORPUS")
-        .map(std::path::PathBuf::from)
-        .or_else(|_| corpus::default_path());
-    match path.map(|p| corpus::Reader::open(&p)) {
-        Ok(Ok(reader)) => reader
-            .take(64)
-            .filter_map(|r| r.ok())
-            .map(|r| r.logits)
-            .collect(),
-        _ => {
-            println!("no logits corpus: no real-distribution lines");
-            Vec::new()
-        }
-    }
 }
 
 fn main() -> Result<()> {
@@ -78,7 +57,7 @@ fn main() -> Result<()> {
     )
     .ok();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let real = real_rows();
+    let real = harness::real_rows(64);
     let mut failures = 0;
     for vocab in [128_256usize, 262_144] {
         for batch in [1usize, 32, 128, 1024] {
@@ -102,7 +81,7 @@ fn main() -> Result<()> {
             let mut inputs = vec![("", gaussian_rows(&mut rng, batch, vocab))];
             if !real.is_empty() {
                 let tiled = (0..batch)
-                    .flat_map(|r| real[r % real.len()].iter().copied().cycle().take(vocab))
+                    .flat_map(|r| harness::tile(&real[r % real.len()], vocab))
                     .collect();
                 inputs.push((" real (SmolLM2 rows tiled to V)", tiled));
             }

@@ -8,7 +8,11 @@
 //! freedom, scaled by 2: a few large logits per row) and bf16-quantised
 //! (Gaussian rounded to bf16: many exact ties). Per (V, distribution), 64
 //! distinct rows are drawn on the host from a fixed seed, uploaded once and
-//! tiled to 1024 rows on the device.
+//! tiled to 1024 rows on the device. With the SmolLM2 logits corpus
+//! (`FLASHSAMPLE_CORPUS`, else next to the model) a fourth distribution,
+//! "real (SmolLM2 rows tiled to V)": 64 corpus rows spread over the file,
+//! each 49152 logits tiled to V (so every value occurs 2 to 6 times),
+//! timed the same way; without a corpus the report says so.
 //!
 //! Pristine inputs. The mask kernel overwrites its input, and masking an
 //! already-masked row is a different, much easier workload; timing "copy +
@@ -35,7 +39,9 @@
 //! over the first 16 rows: the sigma pre-filter's outcome, candidates
 //! searched, kept count, pivot rounds; and how many of these rows the GPU
 //! mask (B = 1024) kept exactly as many elements of as the driver (top-p
-//! may differ by one within its 1e-6 band).
+//! may differ by one within its 1e-6 band). With a corpus, one more line
+//! per (k, p) on the 64 distinct real rows untiled (V = 49152; the GPU
+//! kept counts from one untimed mask of them as a batch).
 //!
 //! Prints both markdown tables and writes them to `FLASHSAMPLE_BENCH_OUT`
 //! when set. Without a GPU it says it skips and exits 0.
@@ -156,6 +162,31 @@ fn stats_line(rows: &[Vec<f32>], params: &pivot::RowParams, gpu_kept: &[u32]) ->
     )
 }
 
+/// The device parameters of truncation `(top_k, top_p)` for `MAX_BATCH`
+/// rows (min-p off, temperature `TEMPERATURE`).
+fn trunc_params(stream: &Arc<CudaStream>, top_k: u32, top_p: f32) -> Result<TruncParams> {
+    TruncParams::upload(
+        stream,
+        &[top_k; MAX_BATCH],
+        &[top_p; MAX_BATCH],
+        &[0.0; MAX_BATCH],
+        &[TEMPERATURE; MAX_BATCH],
+        &(0..MAX_BATCH as u64).collect::<Vec<_>>(),
+        &[0; MAX_BATCH],
+    )
+}
+
+/// The portable driver's parameters of truncation `(top_k, top_p)`.
+fn pivot_params(top_k: u32, top_p: f32) -> pivot::RowParams {
+    pivot::RowParams {
+        top_k,
+        top_p,
+        min_p: 0.0,
+        temperature: TEMPERATURE,
+        prefilter: true,
+    }
+}
+
 fn main() -> Result<()> {
     let Some(harness::Setup {
         dev,
@@ -185,15 +216,53 @@ fn main() -> Result<()> {
     );
     let mut rng = StdRng::seed_from_u64(11);
     let mut failures = 0;
+    let real = harness::real_rows(DISTINCT_ROWS);
+    if real.is_empty() {
+        table.insert_str(0, "no logits corpus: no real-distribution lines\n\n");
+    } else {
+        // Tiling repeats every value 2 to 6 times: the statistics once more
+        // on the distinct real rows at their own width, masked (untimed) as
+        // one batch on the GPU.
+        let width = real[0].len();
+        let host: Vec<f32> = real.concat();
+        for (top_k, top_p) in TRUNCATIONS {
+            let params = trunc_params(&stream, top_k, top_p)?;
+            let mut logits = stream.clone_htod(&host)?;
+            let mut kept: CudaSlice<u32> = stream.alloc_zeros(MAX_BATCH)?;
+            dev.top_k_top_p_mask_logits(
+                &stream,
+                &mut logits.as_view_mut(),
+                Rows::contiguous(real.len(), width),
+                &params,
+                &mut kept,
+                &mut ws,
+            )?;
+            let gpu_kept = stream.clone_dtoh(&kept.slice(..real.len()))?;
+            writeln!(
+                stats,
+                "| {width} | real (SmolLM2 rows, untiled) | {top_k} | {top_p} | {}",
+                stats_line(&real, &pivot_params(top_k, top_p), &gpu_kept)
+            )
+            .ok();
+        }
+    }
     for vocab in VOCABS {
         // Per distribution: the distinct rows (host) and MAX_BATCH rows
-        // tiled from them (device).
-        let mut inputs = Vec::with_capacity(DISTS.len());
+        // tiled from them (device); with a corpus, real rows tiled to V.
+        let mut hosts: Vec<(&str, Vec<f32>)> = Vec::with_capacity(DISTS.len() + 1);
         for (dist, name) in DISTS {
             let mut host = Vec::with_capacity(DISTINCT_ROWS * vocab);
             for _ in 0..DISTINCT_ROWS {
                 common::push_row(&mut rng, dist, vocab, &mut host);
             }
+            hosts.push((name, host));
+        }
+        if !real.is_empty() {
+            let host = real.iter().flat_map(|r| harness::tile(r, vocab)).collect();
+            hosts.push((harness::REAL_LABEL, host));
+        }
+        let mut inputs = Vec::with_capacity(hosts.len());
+        for (name, host) in hosts {
             let distinct = stream.clone_htod(&host)?;
             let mut tiled: CudaSlice<f32> = stream.alloc_zeros(MAX_BATCH * vocab)?;
             for chunk in 0..MAX_BATCH / DISTINCT_ROWS {
@@ -208,15 +277,7 @@ fn main() -> Result<()> {
             inputs.push((name, rows, tiled));
         }
         for (top_k, top_p) in TRUNCATIONS {
-            let params = TruncParams::upload(
-                &stream,
-                &[top_k; MAX_BATCH],
-                &[top_p; MAX_BATCH],
-                &[0.0; MAX_BATCH],
-                &[TEMPERATURE; MAX_BATCH],
-                &(0..MAX_BATCH as u64).collect::<Vec<_>>(),
-                &[0; MAX_BATCH],
-            )?;
+            let params = trunc_params(&stream, top_k, top_p)?;
             let mut kept: CudaSlice<u32> = stream.alloc_zeros(MAX_BATCH)?;
             let mut out = SampleOutput::new(&stream, MAX_BATCH)?;
             for (name, rows, tiled) in &inputs {
@@ -268,24 +329,18 @@ fn main() -> Result<()> {
                 }
                 // `kept` holds the last mask call's counts, at MAX_BATCH.
                 let gpu_kept = stream.clone_dtoh(&kept.slice(..rows.len()))?;
-                let p = pivot::RowParams {
-                    top_k,
-                    top_p,
-                    min_p: 0.0,
-                    temperature: TEMPERATURE,
-                    prefilter: true,
-                };
                 writeln!(
                     stats,
                     "| {vocab} | {name} | {top_k} | {top_p} | {}",
-                    stats_line(rows, &p, &gpu_kept)
+                    stats_line(rows, &pivot_params(top_k, top_p), &gpu_kept)
                 )
                 .ok();
             }
         }
     }
     harness::report(&format!(
-        "{table}\nSelection statistics (portable driver, first {STAT_ROWS} rows of each input):\n\n{stats}"
+        "{table}\nSelection statistics (portable driver, first {STAT_ROWS} rows of each input; the untiled real line: all {} distinct real rows):\n\n{stats}",
+        real.len()
     ))?;
     if failures > 0 {
         println!("{failures} masking case(s) above target");
