@@ -1073,6 +1073,59 @@ fn concurrent_calls_on_several_streams_agree_with_serial_calls() {
     );
 }
 
+/// The fused sampler called from four host threads on four streams at
+/// once (each with its own workspace) gives the tokens, log-normalisers and
+/// log-probabilities of serial calls, bit for bit.
+#[test]
+fn fused_concurrent_calls_on_several_streams_agree_with_serial_calls() {
+    const TEST: &str = "fused_concurrent_calls_on_several_streams_agree_with_serial_calls";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let heads: Vec<Head> = [
+        (1, 3001, 96),
+        (7, 5000, 128),
+        (33, 2048, 64),
+        (64, 4099, 160),
+    ]
+    .into_iter()
+    .map(|(b, v, d)| Head::random(&mut rng, b, v, d, true))
+    .collect();
+    // Floats as bits, so that NaN outputs compare too.
+    type Bits = (Vec<Option<u32>>, Vec<u32>, Vec<u32>);
+    let run = |stream: &Arc<CudaStream>, head: &Head, ws: &mut Workspace| -> Bits {
+        let (t, lse, lp) = fused_on_gpu(&dev, stream, head, ws, half::bf16::from_f32);
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect();
+        (t, bits(lse), bits(lp))
+    };
+    let mut ws = Workspace::new(&stream).unwrap();
+    let serial: Vec<Bits> = heads.iter().map(|h| run(&stream, h, &mut ws)).collect();
+    let concurrent: Vec<Bits> = std::thread::scope(|s| {
+        let handles: Vec<_> = heads
+            .iter()
+            .map(|h| {
+                let dev = dev.clone();
+                s.spawn(move || {
+                    let stream = dev.new_stream().unwrap();
+                    let mut ws = Workspace::new(&stream).unwrap();
+                    let runs: Vec<Bits> = (0..10).map(|_| run(&stream, h, &mut ws)).collect();
+                    assert!(
+                        runs.iter().all(|r| *r == runs[0]),
+                        "repeated calls on one stream disagree"
+                    );
+                    runs.into_iter().next().unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        serial, concurrent,
+        "concurrent calls on several streams changed the results"
+    );
+}
+
 /// Rows of the SmolLM2 logits corpus: the bundle's subset
 /// (`FLASHSAMPLE_CORPUS`) or the full corpus next to the model, at most `max`
 /// rows spread over it; none (with a visible note) when there is no corpus.
