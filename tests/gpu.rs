@@ -1028,48 +1028,25 @@ fn samplers_replay_from_cuda_graphs() {
 /// (each with its own workspace) gives the per-row results of serial calls.
 #[test]
 fn concurrent_calls_on_several_streams_agree_with_serial_calls() {
-    let Some((dev, stream)) =
-        common::gpu("concurrent_calls_on_several_streams_agree_with_serial_calls")
-    else {
+    const TEST: &str = "concurrent_calls_on_several_streams_agree_with_serial_calls";
+    let Some((dev, stream)) = common::gpu(TEST) else {
         return;
     };
-    let mut rng = common::rng("concurrent_calls_on_several_streams_agree_with_serial_calls");
-    let batches: Vec<Batch> = (0..4)
-        .map(|i| Batch::random(&mut rng, [1, 7, 64, 300][i], 32_000))
+    let mut rng = common::rng(TEST);
+    let batches: Vec<Batch> = [1, 7, 64, 300]
+        .into_iter()
+        .map(|n| Batch::random(&mut rng, n, 32_000))
         .collect();
-    let mut ws = Workspace::new(&stream).unwrap();
-    let serial: Vec<Vec<Option<u32>>> = batches
-        .iter()
-        .map(|b| {
-            let d = stream.clone_htod(&b.logits).unwrap();
-            sample_on_gpu(&dev, &stream, &d, b, &mut ws)
-        })
-        .collect();
-    let concurrent: Vec<Vec<Option<u32>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = batches
-            .iter()
-            .map(|b| {
-                let dev = dev.clone();
-                s.spawn(move || {
-                    let stream = dev.new_stream().unwrap();
-                    let mut ws = Workspace::new(&stream).unwrap();
-                    let d = stream.clone_htod(&b.logits).unwrap();
-                    let runs: Vec<_> = (0..20)
-                        .map(|_| sample_on_gpu(&dev, &stream, &d, b, &mut ws))
-                        .collect();
-                    assert!(
-                        runs.iter().all(|r| *r == runs[0]),
-                        "repeated calls on one stream disagree"
-                    );
-                    runs.into_iter().next().unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(
-        serial, concurrent,
-        "concurrent calls on several streams changed tokens"
+    common::check_concurrent(
+        &dev,
+        &stream,
+        &batches,
+        20,
+        |s| Workspace::new(s).unwrap(),
+        |s, ws, b| {
+            let d = s.clone_htod(&b.logits).unwrap();
+            sample_on_gpu(&dev, s, &d, b, ws)
+        },
     );
 }
 
@@ -1092,37 +1069,18 @@ fn fused_concurrent_calls_on_several_streams_agree_with_serial_calls() {
     .into_iter()
     .map(|(b, v, d)| Head::random(&mut rng, b, v, d, true))
     .collect();
-    // Floats as bits, so that NaN outputs compare too.
-    type Bits = (Vec<Option<u32>>, Vec<u32>, Vec<u32>);
-    let run = |stream: &Arc<CudaStream>, head: &Head, ws: &mut Workspace| -> Bits {
-        let (t, lse, lp) = fused_on_gpu(&dev, stream, head, ws, half::bf16::from_f32);
-        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect();
-        (t, bits(lse), bits(lp))
-    };
-    let mut ws = Workspace::new(&stream).unwrap();
-    let serial: Vec<Bits> = heads.iter().map(|h| run(&stream, h, &mut ws)).collect();
-    let concurrent: Vec<Bits> = std::thread::scope(|s| {
-        let handles: Vec<_> = heads
-            .iter()
-            .map(|h| {
-                let dev = dev.clone();
-                s.spawn(move || {
-                    let stream = dev.new_stream().unwrap();
-                    let mut ws = Workspace::new(&stream).unwrap();
-                    let runs: Vec<Bits> = (0..10).map(|_| run(&stream, h, &mut ws)).collect();
-                    assert!(
-                        runs.iter().all(|r| *r == runs[0]),
-                        "repeated calls on one stream disagree"
-                    );
-                    runs.into_iter().next().unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(
-        serial, concurrent,
-        "concurrent calls on several streams changed the results"
+    common::check_concurrent(
+        &dev,
+        &stream,
+        &heads,
+        10,
+        |s| Workspace::new(s).unwrap(),
+        |s, ws, head| {
+            let (t, lse, lp) = fused_on_gpu(&dev, s, head, ws, half::bf16::from_f32);
+            // Floats as bits, so that NaN outputs compare too.
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            (t, bits(lse), bits(lp))
+        },
     );
 }
 

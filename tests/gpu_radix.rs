@@ -616,39 +616,16 @@ fn radix_concurrent_calls_on_several_streams_agree_with_serial_calls() {
         .iter()
         .map(|&n| Batch::random(&mut rng, n, 32_768, 32_768))
         .collect();
-    let mut ws = RadixWorkspace::new(&stream).unwrap();
-    let serial: Vec<Vec<Option<u32>>> = batches
-        .iter()
-        .map(|b| {
+    common::check_concurrent(
+        &dev,
+        &stream,
+        &batches,
+        20,
+        |s| RadixWorkspace::new(s).unwrap(),
+        |s, ws, b| {
             let route = dev.route(b.rows, SLAB).unwrap();
-            tokens_on_gpu(&dev, &stream, b, route, &mut ws)
-        })
-        .collect();
-    let concurrent: Vec<Vec<Option<u32>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = batches
-            .iter()
-            .map(|b| {
-                let dev = dev.clone();
-                s.spawn(move || {
-                    let stream = dev.new_stream().unwrap();
-                    let mut ws = RadixWorkspace::new(&stream).unwrap();
-                    let route = dev.route(b.rows, SLAB).unwrap();
-                    let runs: Vec<_> = (0..20)
-                        .map(|_| tokens_on_gpu(&dev, &stream, b, route, &mut ws))
-                        .collect();
-                    assert!(
-                        runs.iter().all(|r| *r == runs[0]),
-                        "repeated calls on one stream disagree"
-                    );
-                    runs.into_iter().next().unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(
-        serial, concurrent,
-        "concurrent calls on several streams changed tokens"
+            tokens_on_gpu(&dev, s, b, route, ws)
+        },
     );
 }
 

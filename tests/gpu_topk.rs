@@ -703,45 +703,20 @@ fn topk_concurrent_calls_on_several_streams_agree_with_serial_calls() {
         .map(|batch| Batch::random(&mut rng, batch, 32_000))
         .collect();
     // (tokens, masked logits' bits, kept counts)
-    let both = |stream: &Arc<CudaStream>, b: &Batch, params: &TruncParams, ws: &mut Workspace| {
-        let tokens = sample_on_gpu(&dev, stream, b, params, ws);
-        let (masked, kept) = mask_on_gpu(&dev, stream, b, params, ws);
-        let masked: Vec<u32> = masked.iter().map(|x| x.to_bits()).collect();
-        (tokens, masked, kept)
-    };
-    let mut ws = Workspace::new(&stream).unwrap();
-    let serial: Vec<_> = batches
-        .iter()
-        .map(|b| both(&stream, b, &b.upload(&stream), &mut ws))
-        .collect();
-    let concurrent: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = batches
-            .iter()
-            .map(|b| {
-                let (dev, both) = (&dev, &both);
-                s.spawn(move || {
-                    let stream = dev.new_stream().unwrap();
-                    let mut ws = Workspace::new(&stream).unwrap();
-                    let params = b.upload(&stream);
-                    let first = both(&stream, b, &params, &mut ws);
-                    for _ in 1..20 {
-                        assert!(
-                            both(&stream, b, &params, &mut ws) == first,
-                            "repeated calls on one stream disagree"
-                        );
-                    }
-                    first
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for ((b, s), c) in batches.iter().zip(&serial).zip(&concurrent) {
-        let n = b.rows.batch;
-        assert_eq!(s.0, c.0, "B={n}: concurrent calls changed tokens");
-        assert!(s.1 == c.1, "B={n}: concurrent calls changed masked logits");
-        assert_eq!(s.2, c.2, "B={n}: concurrent calls changed kept counts");
-    }
+    common::check_concurrent(
+        &dev,
+        &stream,
+        &batches,
+        20,
+        |s| Workspace::new(s).unwrap(),
+        |s, ws, b| {
+            let params = b.upload(s);
+            let tokens = sample_on_gpu(&dev, s, b, &params, ws);
+            let (masked, kept) = mask_on_gpu(&dev, s, b, &params, ws);
+            let masked: Vec<u32> = masked.iter().map(|x| x.to_bits()).collect();
+            (tokens, masked, kept)
+        },
+    );
 }
 
 /// The CPU driver `pivot::select_row` (the algorithm the kernels run, pass

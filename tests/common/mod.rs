@@ -216,6 +216,51 @@ pub fn capture_graph(stream: &Arc<CudaStream>, launch: impl FnOnce()) -> CudaGra
         .expect("the capture recorded the launches")
 }
 
+/// The same sampler from several host threads at once: `call(stream,
+/// workspace, item)` runs for every item serially on `stream` (one
+/// workspace), then from one thread per item, all at once, each on its own
+/// stream of `dev` with its own workspace (`new_ws`), `repeats` times; each
+/// thread's repeats must agree and equal the serial result (so no scratch
+/// is shared between streams).
+pub fn check_concurrent<I: Sync, W, R: PartialEq + Send>(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    items: &[I],
+    repeats: usize,
+    new_ws: impl Fn(&Arc<CudaStream>) -> W + Sync,
+    call: impl Fn(&Arc<CudaStream>, &mut W, &I) -> R + Sync,
+) {
+    let mut ws = new_ws(stream);
+    let serial: Vec<R> = items.iter().map(|i| call(stream, &mut ws, i)).collect();
+    let concurrent: Vec<R> = std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .iter()
+            .map(|item| {
+                let (new_ws, call) = (&new_ws, &call);
+                s.spawn(move || {
+                    let stream = dev.new_stream().unwrap();
+                    let mut ws = new_ws(&stream);
+                    let first = call(&stream, &mut ws, item);
+                    for _ in 1..repeats {
+                        assert!(
+                            call(&stream, &mut ws, item) == first,
+                            "repeated calls on one stream disagree"
+                        );
+                    }
+                    first
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (n, (s, c)) in serial.iter().zip(&concurrent).enumerate() {
+        assert!(
+            s == c,
+            "item {n}: concurrent calls on several streams changed the results"
+        );
+    }
+}
+
 /// Captures `launch` once into a CUDA graph and replays it: the same
 /// offsets reproduce the tokens bit for bit, advanced offsets (written into
 /// the device buffer `offset(params)` between replays, as an engine does)
