@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -99,15 +99,9 @@ impl Backend {
                 stream,
                 workspace,
             } => {
-                let batch = temperature.len();
-                let rows = Rows::contiguous(batch, vocab);
-                rows.validate("logits", logits.len())?;
-                if logits.len() != batch * vocab {
-                    return Err(crate::error::shape("logits", batch * vocab, logits.len()));
-                }
+                let (rows, d_logits, mut out) =
+                    upload_rows(stream, logits, vocab, temperature.len())?;
                 let params = RowParams::upload(stream, temperature, seed, offset)?;
-                let d_logits = stream.clone_htod(logits).map_err(Error::from)?;
-                let mut out = SampleOutput::new(stream, batch)?;
                 device.sampling_from_logits(
                     stream,
                     &d_logits.as_view(),
@@ -151,12 +145,7 @@ impl Backend {
                 stream,
                 workspace,
             } => {
-                let batch = params.len();
-                let rows = Rows::contiguous(batch, vocab);
-                rows.validate("logits", logits.len())?;
-                if logits.len() != batch * vocab {
-                    return Err(crate::error::shape("logits", batch * vocab, logits.len()));
-                }
+                let (rows, d_logits, mut out) = upload_rows(stream, logits, vocab, params.len())?;
                 let column = |f: fn(&reference::SamplingParams) -> f32| -> Vec<f32> {
                     params.iter().map(f).collect()
                 };
@@ -169,8 +158,6 @@ impl Backend {
                     &params.iter().map(|p| p.seed).collect::<Vec<_>>(),
                     &params.iter().map(|p| p.offset).collect::<Vec<_>>(),
                 )?;
-                let d_logits = stream.clone_htod(logits).map_err(Error::from)?;
-                let mut out = SampleOutput::new(stream, batch)?;
                 device.sample_top_k_top_p(
                     stream,
                     &d_logits.as_view(),
@@ -183,6 +170,23 @@ impl Backend {
             }
         }
     }
+}
+
+/// Checks that host `logits` are exactly `batch` rows of `vocab`, uploads
+/// them and allocates the outputs.
+fn upload_rows(
+    stream: &Arc<CudaStream>,
+    logits: &[f32],
+    vocab: usize,
+    batch: usize,
+) -> Result<(Rows, CudaSlice<f32>, SampleOutput)> {
+    let rows = Rows::contiguous(batch, vocab);
+    rows.validate("logits", logits.len())?;
+    if logits.len() != batch * vocab {
+        return Err(crate::error::shape("logits", batch * vocab, logits.len()));
+    }
+    let d_logits = stream.clone_htod(logits).map_err(Error::from)?;
+    Ok((rows, d_logits, SampleOutput::new(stream, batch)?))
 }
 
 /// The tokens of `out` back in host memory, `None` where a row is invalid.

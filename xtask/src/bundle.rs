@@ -114,13 +114,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         std::fs::copy(&exe.path, &dest)
             .map_err(|e| format!("copying {} to {}: {e}", exe.path.display(), dest.display()))?;
         if let Some(strip) = &strip {
-            let status = Command::new(strip)
-                .arg(&dest)
-                .status()
-                .map_err(|e| format!("cannot run {}: {e}", strip.display()))?;
-            if !status.success() {
-                return Err(format!("strip {} failed ({status})", dest.display()));
-            }
+            strip_file(strip, &dest)?;
         }
     }
 
@@ -323,6 +317,18 @@ pub(crate) fn dir_size(dir: &Path) -> Result<u64, String> {
         };
     }
     Ok(total)
+}
+
+/// Strips the symbols of the executable `file` with the `strip` at `strip`.
+pub(crate) fn strip_file(strip: &Path, file: &Path) -> Result<(), String> {
+    let status = Command::new(strip)
+        .arg(file)
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", strip.display()))?;
+    if !status.success() {
+        return Err(format!("strip {} failed ({status})", file.display()));
+    }
+    Ok(())
 }
 
 /// `program` from PATH.

@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle::{Kind, cargo_executables, which};
+use crate::bundle::{Kind, cargo_executables, strip_file, which};
 use crate::model::cache;
 use crate::{Opts, absolute, cargo, workspace_root};
 
@@ -69,13 +69,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     for (src, name) in [(&model_test.path, "model"), (&generate, "generate")] {
         let dest = parts.add_file(src, &format!("bin/{name}"))?;
         if let Some(strip) = &strip {
-            let status = Command::new(strip)
-                .arg(&dest)
-                .status()
-                .map_err(|e| format!("cannot run {}: {e}", strip.display()))?;
-            if !status.success() {
-                return Err(format!("strip {} failed ({status})", dest.display()));
-            }
+            strip_file(strip, &dest)?;
         }
     }
     let script = RUN_TEMPLATE
