@@ -261,3 +261,27 @@ pub fn real_rows(n: usize) -> Vec<Vec<f32>> {
 pub fn tile(row: &[f32], vocab: usize) -> impl Iterator<Item = f32> + '_ {
     row.iter().copied().cycle().take(vocab)
 }
+
+/// `count` rows of width `vocab` on the device: the rows of `distinct`
+/// (any number of them, each `vocab` wide) repeated in order until `count`
+/// rows are filled, copied on the device so the host holds only one set.
+pub fn repeat_rows(
+    stream: &Arc<CudaStream>,
+    distinct: &[f32],
+    vocab: usize,
+    count: usize,
+) -> Result<CudaSlice<f32>> {
+    let once = stream.clone_htod(distinct)?;
+    let mut rows: CudaSlice<f32> = stream.alloc_zeros(count * vocab)?;
+    let total = count * vocab;
+    let mut at = 0;
+    while at < total {
+        let n = distinct.len().min(total - at);
+        if n == 0 {
+            break;
+        }
+        stream.memcpy_dtod(&once.slice(..n), &mut rows.slice_mut(at..at + n))?;
+        at += n;
+    }
+    Ok(rows)
+}

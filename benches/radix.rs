@@ -249,7 +249,7 @@ fn main() -> Result<()> {
             }
         }
         for (name, distinct) in inputs {
-            let probs = stream.clone_htod(&distinct.repeat(MAX_BATCH / DISTINCT_ROWS))?;
+            let probs = harness::repeat_rows(&stream, &distinct, vocab, MAX_BATCH)?;
             let suffix = if name == "gaussian" {
                 String::new()
             } else {

@@ -263,12 +263,7 @@ fn main() -> Result<()> {
         }
         let mut inputs = Vec::with_capacity(hosts.len());
         for (name, host) in hosts {
-            let distinct = stream.clone_htod(&host)?;
-            let mut tiled: CudaSlice<f32> = stream.alloc_zeros(MAX_BATCH * vocab)?;
-            for chunk in 0..MAX_BATCH / DISTINCT_ROWS {
-                let at = chunk * host.len();
-                stream.memcpy_dtod(&distinct, &mut tiled.slice_mut(at..at + host.len()))?;
-            }
+            let tiled = harness::repeat_rows(&stream, &host, vocab, MAX_BATCH)?;
             let rows: Vec<Vec<f32>> = host
                 .chunks(vocab)
                 .take(STAT_ROWS)
