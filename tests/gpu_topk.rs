@@ -129,6 +129,47 @@ impl Batch {
         }
     }
 
+    /// Rows whose candidates crowd into the first chunk of 8192: logits
+    /// uniform in [-4, 0) and 1500 of the first 8192 in [5, 6), so that the
+    /// pre-filter's first tier holds more than one chunk may list and the
+    /// selection reads the row instead of the lists.
+    fn crowded(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
+        const TRUNC: [(u32, f32, f32); 4] = [
+            (1000, 0.9, 0.0),
+            (50, 1.0, 0.0),
+            (0, 0.9, 0.0),
+            (1200, 0.99, 0.05),
+        ];
+        let mut logits = Vec::with_capacity(batch * vocab);
+        for _ in 0..batch {
+            let start = logits.len();
+            logits.extend((0..vocab).map(|_| rng.random_range(-4.0f32..0.0)));
+            for _ in 0..1500 {
+                let j = rng.random_range(0..vocab.min(8192));
+                logits[start + j] = rng.random_range(5.0f32..6.0);
+            }
+        }
+        let params = (0..batch)
+            .map(|r| {
+                let (top_k, top_p, min_p) = TRUNC[r % TRUNC.len()];
+                SamplingParams {
+                    temperature: 1.0,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: rng.random(),
+                    offset: rng.random_range(0..1 << 40),
+                }
+            })
+            .collect();
+        Batch {
+            rows: Rows::contiguous(batch, vocab),
+            logits,
+            params,
+            what: vec!["crowded first chunk"; batch],
+        }
+    }
+
     fn row(&self, r: usize) -> &[f32] {
         &self.logits[r * self.rows.vocab..(r + 1) * self.rows.vocab]
     }
@@ -465,6 +506,31 @@ fn topk_sample_matches_float64_reference() {
 /// Masking and sampling (one block per row) over tiny, small and large
 /// vocabularies and a strided view; the bundle runs this under
 /// compute-sanitizer.
+/// Rows whose pre-filter candidates overflow the lists (selection from the
+/// row) next to rows that fit, at V = 151936 (19 chunks) and 262144:
+/// masked sets and draws equal the reference.
+#[test]
+fn topk_rows_whose_candidates_overflow_the_lists_match_float64_reference() {
+    const TEST: &str = "topk_rows_whose_candidates_overflow_the_lists_match_float64_reference";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    for vocab in [151_936, 262_144] {
+        let mut b = Batch::crowded(&mut rng, 8, vocab);
+        let fits = Batch::random(&mut rng, 8, vocab);
+        b.logits.extend_from_slice(&fits.logits);
+        b.params.extend_from_slice(&fits.params);
+        b.what.extend_from_slice(&fits.what);
+        b.rows = Rows::contiguous(16, vocab);
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    report.assert_none("top-k/top-p rows that overflow the lists");
+}
+
 #[test]
 fn sanitize_topk_paths() {
     const TEST: &str = "sanitize_topk_paths";
@@ -475,12 +541,28 @@ fn sanitize_topk_paths() {
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     let mut coverage = Coverage::default();
-    for (vocab, batch) in [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)] {
-        let b = Batch::random(&mut rng, batch, vocab);
-        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
-        coverage.case(&["topk_topp_mask_f32"]);
-        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
-        coverage.case(&["topk_topp_sample_f32"]);
+    const MASK: [&str; 4] = [
+        "topk_topp_stats_f32",
+        "topk_topp_filter_f32",
+        "topk_topp_mask_f32",
+        "topk_topp_apply_f32",
+    ];
+    const SAMPLE: [&str; 3] = [
+        "topk_topp_stats_f32",
+        "topk_topp_filter_f32",
+        "topk_topp_sample_f32",
+    ];
+    let mut batches: Vec<Batch> = [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)]
+        .into_iter()
+        .map(|(vocab, batch)| Batch::random(&mut rng, batch, vocab))
+        .collect();
+    // Candidates that overflow a chunk's list: the selection reads the row.
+    batches.push(Batch::crowded(&mut rng, 4, 20_001));
+    for b in &batches {
+        check_mask_batch(&dev, &stream, b, &mut ws, &mut report);
+        coverage.case(&MASK);
+        check_sample_batch(&dev, &stream, b, &mut ws, &mut report);
+        coverage.case(&SAMPLE);
     }
     // A strided view: rows 5000 apart, 4099 used.
     let b = Batch::random(&mut rng, 3, 4099);
@@ -519,7 +601,7 @@ fn sanitize_topk_paths() {
             });
         }
     }
-    coverage.case(&["topk_topp_mask_f32"]);
+    coverage.case(&MASK);
     report.assert_none("sanitize: top-k/top-p paths");
     coverage.report(TEST);
 }

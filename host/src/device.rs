@@ -24,7 +24,10 @@ pub(crate) struct Kernels {
     /// `fused_sample_f16_b{16,32,64}`.
     pub fused_f16: [CudaFunction; 3],
     pub fused_finish: CudaFunction,
+    pub topk_topp_stats_f32: CudaFunction,
+    pub topk_topp_filter_f32: CudaFunction,
     pub topk_topp_mask_f32: CudaFunction,
+    pub topk_topp_apply_f32: CudaFunction,
     pub topk_topp_sample_f32: CudaFunction,
 }
 
@@ -120,7 +123,10 @@ impl Device {
                 f("fused_sample_f16_b64")?,
             ],
             fused_finish: f("fused_sample_finish")?,
+            topk_topp_stats_f32: f("topk_topp_stats_f32")?,
+            topk_topp_filter_f32: f("topk_topp_filter_f32")?,
             topk_topp_mask_f32: f("topk_topp_mask_f32")?,
+            topk_topp_apply_f32: f("topk_topp_apply_f32")?,
             topk_topp_sample_f32: f("topk_topp_sample_f32")?,
         };
         crate::fused_lm_head::configure(&kernels.fused_bf16, &kernels.fused_f16)?;

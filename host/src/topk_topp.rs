@@ -2,11 +2,11 @@
 //! GPU (Qrita pivot search, issue 4): masking in place and sampling from
 //! the truncated distribution.
 //!
-//! One thread block per row: two passes over the row (statistics, then the
-//! pre-filter tiers while compacting the survivors into shared memory),
-//! the pivot rounds over the compacted candidates (over the row when they
-//! do not fit), and the masking pass. Several blocks per row for small
-//! batches are the next step.
+//! A row is spread over `ceil(V / 8192)` blocks for the passes that touch
+//! every element (statistics; the pre-filter, which lists the candidates
+//! in the workspace; the masking writes), and one block per row runs the
+//! pivot rounds over the listed candidates (over the row when they do not
+//! fit). See the kernels' module docs for the passes.
 
 use std::sync::Arc;
 
@@ -14,7 +14,9 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
 };
-use flashsample_kernels::params::{ROW_THREADS, TOPK_TOPP_SMEM_BYTES};
+use flashsample_kernels::params::{
+    ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
+};
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
@@ -99,13 +101,81 @@ impl TruncParams {
     }
 }
 
-/// One block of [`ROW_THREADS`] per row.
+/// One block of [`ROW_THREADS`] per row (the selection kernels).
 fn row_per_block(rows: &Rows) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.batch as u32, 1, 1),
         block_dim: (ROW_THREADS, 1, 1),
         shared_mem_bytes: TOPK_TOPP_SMEM_BYTES,
     }
+}
+
+/// One block of [`ROW_THREADS`] per chunk of every row (the chunked
+/// passes).
+fn chunk_per_block(rows: &Rows, lay: &TopkToppLayout) -> Result<LaunchConfig> {
+    let blocks = rows.batch as u64 * u64::from(lay.chunks);
+    if blocks > i32::MAX as u64 {
+        return Err(param("batch * chunks", blocks));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
+    })
+}
+
+/// The workspace layout of a call, with the workspace grown to hold it.
+fn fit_workspace(
+    stream: &Arc<CudaStream>,
+    rows: &Rows,
+    ws: &mut Workspace,
+) -> Result<TopkToppLayout> {
+    let lay = TopkToppLayout::new(rows.batch as u32, rows.vocab as u32);
+    ws.reserve(stream, lay.words, 0)?;
+    Ok(lay)
+}
+
+/// Launches the two chunked passes every call starts with: statistics,
+/// then the pre-filter.
+fn launch_prefilter(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    logits: u64,
+    rows: &Rows,
+    params: &TruncParams,
+    lay: &TopkToppLayout,
+    ws: u64,
+) -> Result<()> {
+    let vocab = rows.vocab as u32;
+    let stride = rows.row_stride as u64;
+    let batch = rows.batch as u32;
+    let cfg = chunk_per_block(rows, lay)?;
+    let mut b = stream.launch_builder(&dev.kernels().topk_topp_stats_f32);
+    b.arg(&logits).arg(&vocab).arg(&stride).arg(&batch).arg(&ws);
+    // SAFETY: the argument list matches `topk_topp_stats_f32`'s signature;
+    // the caller validated `logits` (batch rows `row_stride` apart, 1 <=
+    // vocab <= MAX_VOCAB) and grew `ws` to the layout's words; a block per
+    // chunk of every row, as the kernel expects.
+    unsafe { b.launch(cfg) }?;
+    let (tk, _g1) = params.top_k.device_ptr(stream);
+    let (tp, _g2) = params.top_p.device_ptr(stream);
+    let (mp, _g3) = params.min_p.device_ptr(stream);
+    let (t, _g4) = params.row.temperature.device_ptr(stream);
+    let mut b = stream.launch_builder(&dev.kernels().topk_topp_filter_f32);
+    b.arg(&logits)
+        .arg(&tk)
+        .arg(&tp)
+        .arg(&mp)
+        .arg(&t)
+        .arg(&vocab)
+        .arg(&stride)
+        .arg(&batch)
+        .arg(&ws);
+    // SAFETY: as above, for `topk_topp_filter_f32`; the four parameter
+    // buffers hold at least `batch` elements (checked by the caller); it
+    // follows the statistics pass on the same stream.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
 }
 
 impl Device {
@@ -120,8 +190,9 @@ impl Device {
     /// finite and no +inf becomes all -inf with `kept = 0`. Deterministic:
     /// a row's result depends only on the row and its parameters.
     ///
-    /// `ws` is unused by this first, one-block-per-row version; it is part
-    /// of the signature for the multi-block version.
+    /// `ws` holds the per-call state (about 64 KiB per row); it grows on
+    /// the first call of a shape, so reuse one per stream and make a call
+    /// of the largest shape before capturing a CUDA graph.
     pub fn top_k_top_p_mask_logits(
         &self,
         stream: &Arc<CudaStream>,
@@ -131,7 +202,6 @@ impl Device {
         kept: &mut CudaSlice<u32>,
         ws: &mut Workspace,
     ) -> Result<()> {
-        let _ = ws;
         self.check_stream(stream)?;
         rows.validate("logits", logits.len())?;
         params.check(rows.batch)?;
@@ -142,9 +212,13 @@ impl Device {
                 kept.len(),
             ));
         }
+        let lay = fit_workspace(stream, &rows, ws)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
         let stride = rows.row_stride as u64;
+        let batch = rows.batch as u32;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr_mut(stream);
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let (tk, _g2) = params.top_k.device_ptr(stream);
         let (tp, _g3) = params.top_p.device_ptr(stream);
         let (mp, _g4) = params.min_p.device_ptr(stream);
@@ -158,15 +232,23 @@ impl Device {
             .arg(&t)
             .arg(&kp)
             .arg(&vocab)
-            .arg(&stride);
+            .arg(&stride)
+            .arg(&batch)
+            .arg(&w);
         // SAFETY: the argument list matches `topk_topp_mask_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated:
         // batch rows `row_stride` apart with `vocab` each, 1 <= vocab <=
         // MAX_VOCAB), the four parameter buffers and `kept` at least `batch`
-        // elements (checked), all live cudarc buffers of this stream's
-        // context; the grid has one block of ROW_THREADS per row and the
-        // shared memory the kernel asks for.
+        // elements (checked), `ws` the layout's words (grown above), all
+        // live cudarc buffers of this stream's context; one block of
+        // ROW_THREADS per row with the shared memory the kernel asks for,
+        // after both chunked passes on this stream.
         unsafe { b.launch(row_per_block(&rows)) }?;
+        let mut b = stream.launch_builder(&self.kernels().topk_topp_apply_f32);
+        b.arg(&l).arg(&vocab).arg(&stride).arg(&batch).arg(&w);
+        // SAFETY: as `launch_prefilter`'s passes, for
+        // `topk_topp_apply_f32`, after the selection on this stream.
+        unsafe { b.launch(chunk_per_block(&rows, &lay)?) }?;
         Ok(())
     }
 
@@ -190,7 +272,6 @@ impl Device {
         out: &mut SampleOutput,
         ws: &mut Workspace,
     ) -> Result<()> {
-        let _ = ws;
         self.check_stream(stream)?;
         rows.validate("logits", logits.len())?;
         params.check(rows.batch)?;
@@ -208,9 +289,13 @@ impl Device {
                 out.valid.len(),
             ));
         }
+        let lay = fit_workspace(stream, &rows, ws)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
         let stride = rows.row_stride as u64;
+        let batch = rows.batch as u32;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr(stream);
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let (tk, _g2) = params.top_k.device_ptr(stream);
         let (tp, _g3) = params.top_p.device_ptr(stream);
         let (mp, _g4) = params.min_p.device_ptr(stream);
@@ -230,13 +315,16 @@ impl Device {
             .arg(&tok)
             .arg(&v)
             .arg(&vocab)
-            .arg(&stride);
+            .arg(&stride)
+            .arg(&batch)
+            .arg(&w);
         // SAFETY: the argument list matches `topk_topp_sample_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated),
         // the six parameter buffers and both outputs at least `batch`
-        // elements (checked), all live cudarc buffers of this stream's
-        // context; one block of ROW_THREADS per row with the shared memory
-        // the kernel asks for.
+        // elements (checked), `ws` the layout's words (grown above), all
+        // live cudarc buffers of this stream's context; one block of
+        // ROW_THREADS per row with the shared memory the kernel asks for,
+        // after both chunked passes on this stream.
         unsafe { b.launch(row_per_block(&rows)) }?;
         Ok(())
     }
@@ -259,10 +347,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn launch_shape_is_one_block_per_row() {
-        let c = row_per_block(&Rows::contiguous(7, 151_936));
+    fn launch_shapes_are_a_block_per_row_and_per_chunk() {
+        let rows = Rows::contiguous(7, 151_936);
+        let c = row_per_block(&rows);
         assert_eq!(c.grid_dim, (7, 1, 1));
         assert_eq!(c.block_dim, (ROW_THREADS, 1, 1));
         assert_eq!(c.shared_mem_bytes, TOPK_TOPP_SMEM_BYTES);
+        let lay = TopkToppLayout::new(7, 151_936);
+        assert_eq!(lay.chunks, 19);
+        let c = chunk_per_block(&rows, &lay).unwrap();
+        assert_eq!(c.grid_dim, (7 * 19, 1, 1));
+        assert_eq!(c.shared_mem_bytes, TOPK_TOPP_CHUNK_SMEM_BYTES);
+    }
+
+    #[test]
+    fn layout_regions_are_disjoint_and_lists_fit_the_selection_block() {
+        for (batch, vocab) in [
+            (1, 1),
+            (3, 111),
+            (1, 8192),
+            (2, 8193),
+            (128, 151_936),
+            (5, 1 << 21),
+        ] {
+            let lay = TopkToppLayout::new(batch, vocab);
+            let slots = batch as usize * lay.chunks as usize;
+            assert_eq!(lay.chunks, vocab.div_ceil(8192));
+            assert!(lay.cap >= 1 && lay.cap * lay.chunks <= 8192);
+            assert!(lay.tiers >= lay.stats + slots * 24 / 8);
+            assert!(lay.counts >= lay.tiers + slots * 72 / 8);
+            assert!(lay.lists * 2 >= lay.counts * 2 + slots);
+            assert_eq!(lay.cuts, lay.lists + slots * lay.cap as usize);
+            assert_eq!(lay.words, lay.cuts + 2 * batch as usize);
+        }
     }
 }

@@ -109,6 +109,20 @@ pub unsafe fn ld_global_v4_u32(p: *const u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `st.global.v4.u32`: one 16-byte store.
+///
+/// # Safety
+/// `p` is a 16-byte aligned global address writable by this thread.
+#[inline(always)]
+pub unsafe fn st_global_v4_u32(p: *mut u32, v: [u32; 4]) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2],
+             d = in(reg32) v[3], options(nostack))
+    };
+}
+
 /// `lg2.approx.ftz.f32`: base-2 logarithm, maximum relative error 2^-22
 /// for normal inputs (PTX ISA); only used to filter candidates.
 #[inline(always)]

@@ -63,7 +63,10 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_f16_b32",
     "fused_sample_f16_b64",
     "fused_sample_finish",
+    "topk_topp_stats_f32",
+    "topk_topp_filter_f32",
     "topk_topp_mask_f32",
+    "topk_topp_apply_f32",
     "topk_topp_sample_f32",
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",
@@ -94,6 +97,11 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "sampling_from_logits_bf16",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "topk_topp_filter_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
     },
 ];
 

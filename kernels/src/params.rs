@@ -107,12 +107,82 @@ pub const fn fused_smem_bytes(block_b: u32) -> u32 {
     FUSED_STAGES * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
 }
 
-/// Candidates of the top-k/top-p kernels (`topk_topp_*`) compacted into
-/// shared memory after the pre-filter: per warp of [`ROW_THREADS`], a
-/// segment of this many (key, index) pairs.
-pub const TOPK_TOPP_SEGMENT: u32 = 2048;
+/// Elements of a row one block of the chunked `topk_topp_*` passes
+/// (statistics, pre-filter, masking) covers: eight 16-byte loads per thread
+/// of [`ROW_THREADS`]. A row of V elements has `ceil(V / 8192)` chunks,
+/// fixed by V alone, so the order of every partial sum (and so every
+/// result bit) depends on the row and never on the batch.
+pub const TOPK_TOPP_CHUNK: u32 = 8 * 4 * ROW_THREADS;
 
-/// Dynamic shared memory of the `topk_topp_*` kernels: 1 KiB of reduction
-/// slots, the candidate segments (8 bytes a candidate) and one count per
-/// warp.
-pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + (ROW_THREADS / 32) * TOPK_TOPP_SEGMENT * 8 + 64;
+/// Pre-filter candidates a row's selection block holds in shared memory
+/// (8 bytes each); each chunk may list `TOPK_TOPP_LIST_CAP / chunks` of
+/// them, and a row whose candidates do not fit is selected from the row
+/// itself (correct, slower).
+pub const TOPK_TOPP_LIST_CAP: u32 = 8192;
+
+/// Dynamic shared memory of the selection kernels (`topk_topp_mask_f32`,
+/// `topk_topp_sample_f32`): 1 KiB of reduction slots, a count and an
+/// offset per chunk (at most [`ROW_THREADS`] chunks) and the candidates.
+pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + 2 * ROW_THREADS * 4 + TOPK_TOPP_LIST_CAP * 8;
+
+/// Dynamic shared memory of the chunked passes: 1 KiB of reduction slots
+/// and a bit per element of the chunk (the masking pass's kept set).
+pub const TOPK_TOPP_CHUNK_SMEM_BYTES: u32 = 1024 + TOPK_TOPP_CHUNK / 8;
+
+/// Resident blocks per multiprocessor the pre-filter pass
+/// (`topk_topp_filter_f32`) is compiled for: it streams the logits, so it
+/// needs the warps in flight more than the registers.
+pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 2;
+
+/// Bytes of one chunk's statistics partial (`pivot::RowStats`).
+pub const TOPK_TOPP_STATS_SLOT_BYTES: usize = 24;
+/// Bytes of one chunk's pre-filter tiers partial (three count, key range
+/// and mass groups).
+pub const TOPK_TOPP_TIERS_SLOT_BYTES: usize = 72;
+
+/// Where the `topk_topp_*` kernels keep their per-call state in the
+/// workspace, in 8-byte words: per (row, chunk) a statistics partial, a
+/// tiers partial, a candidate count and a list of up to `cap` candidates
+/// (key in the low half, index in the high half); per row the cut.
+/// Host and kernels compute the same layout from (batch, vocab).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopkToppLayout {
+    /// Chunks per row.
+    pub chunks: u32,
+    /// Candidates each chunk's list holds.
+    pub cap: u32,
+    pub stats: usize,
+    pub tiers: usize,
+    pub counts: usize,
+    pub lists: usize,
+    /// Per row: `[key, index_end, mode, 0]` as u32 (mode 1: the masking
+    /// pass works from the lists, 0: from the row).
+    pub cuts: usize,
+    /// Words in all.
+    pub words: usize,
+}
+
+impl TopkToppLayout {
+    /// The layout for `batch` rows of `vocab >= 1` elements.
+    pub const fn new(batch: u32, vocab: u32) -> TopkToppLayout {
+        let chunks = vocab.div_ceil(TOPK_TOPP_CHUNK);
+        let chunks = if chunks == 0 { 1 } else { chunks };
+        let cap = TOPK_TOPP_LIST_CAP / chunks;
+        let slots = batch as usize * chunks as usize;
+        let stats = 0;
+        let tiers = stats + slots * TOPK_TOPP_STATS_SLOT_BYTES / 8;
+        let counts = tiers + slots * TOPK_TOPP_TIERS_SLOT_BYTES / 8;
+        let lists = counts + slots.div_ceil(2);
+        let cuts = lists + slots * cap as usize;
+        TopkToppLayout {
+            chunks,
+            cap,
+            stats,
+            tiers,
+            counts,
+            lists,
+            cuts,
+            words: cuts + 2 * batch as usize,
+        }
+    }
+}

@@ -537,6 +537,36 @@ impl Weights {
         }
     }
 
+    /// The smallest key min-p keeps: `min_p_keeps(x)` exactly when
+    /// `f32_key(x.to_bits()) >= min_p_key()`, since both rounding steps of
+    /// the test are monotone in `x` (and NaN has the key of -inf, which the
+    /// test treats alike). A binary search over the keys from -inf to
+    /// +inf, once per row, so that a pass tests an integer per element
+    /// instead of dividing by the temperature.
+    pub fn min_p_key(&self) -> u32 {
+        if self.min_p_keeps(f32::NEG_INFINITY) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (
+            f32_key(f32::NEG_INFINITY.to_bits()),
+            f32_key(f32::INFINITY.to_bits()),
+        );
+        if !self.min_p_keeps(f32::INFINITY) {
+            // Nothing is kept; no element has a key above that of +inf.
+            return hi.saturating_add(1);
+        }
+        // Invariant: keeps(lo) is false, keeps(hi) is true.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.min_p_keeps(f32::from_bits(f32_from_key(mid))) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    }
+
     /// Whether min-p keeps logit `x`.
     #[inline(always)]
     pub fn min_p_keeps(&self, x: f32) -> bool {
@@ -1346,6 +1376,47 @@ mod tests {
     use std::{format, println, vec};
 
     use super::*;
+
+    #[test]
+    fn min_p_key_matches_min_p_keeps() {
+        let mut rng = Rng(0x5eed_0007);
+        let specials = [
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::MAX,
+            -f32::MAX,
+            f32::MIN_POSITIVE,
+        ];
+        for case in 0..2000 {
+            let max = match case % 7 {
+                0 => f32::INFINITY,
+                1 => 0.0,
+                _ => ((rng.unit() - 0.5) * 200.0) as f32,
+            };
+            let temperature = [1.0e-3f32, 0.3, 0.8, 1.0, 2.0, 50.0][case % 6];
+            let min_p = [0.0f32, 1.0e-6, 0.05, 0.5, 1.0, -1.0, f32::NAN][(case / 6) % 7];
+            let w = Weights::new(max, temperature, min_p);
+            let key = w.min_p_key();
+            for i in 0..200 {
+                let x = if i < specials.len() {
+                    specials[i]
+                } else if i % 3 == 0 && max.is_finite() {
+                    // Near the threshold.
+                    max + w.ln_min_p * temperature * (1.0 + ((rng.unit() - 0.5) * 1e-5) as f32)
+                } else {
+                    ((rng.unit() - 0.5) * 400.0) as f32
+                };
+                assert_eq!(
+                    w.min_p_keeps(x),
+                    f32_key(x.to_bits()) >= key,
+                    "max {max} T {temperature} min_p {min_p} x {x}"
+                );
+            }
+        }
+    }
 
     /// splitmix64.
     struct Rng(u64);

@@ -10,15 +10,33 @@
 //! [`QuadAcc`], [`QuadSearch`], [`Cut`], [`top_p_ties`]) are the very
 //! functions the CPU driver and its tests run.
 //!
-//! This first version keeps it simple: **one block per row** (several
-//! blocks per row for small batches is the next step) and **every pass
-//! re-reads the row from global memory** (mostly from L2); compacting the
-//! pre-filter survivors into shared memory so that the pivot rounds touch
-//! only them is the step after.
+//! The passes that touch every element run over **chunks** of
+//! [`TOPK_TOPP_CHUNK`] elements, one block each, so a row is spread over
+//! `ceil(V / 8192)` blocks and a batch over the whole GPU; the selection
+//! itself runs in one block per row over the pre-filter's candidates,
+//! compacted into a list in the workspace:
 //!
-//! Two kernels share the selection:
-//! - [`topk_topp_mask_f32`] writes -inf in place over every logit outside
-//!   the kept set (vLLM semantics) and the kept count per row;
+//! 1. [`topk_topp_stats_f32`] (a block per chunk): the chunk's
+//!    [`RowStats`];
+//! 2. [`topk_topp_filter_f32`] (a block per chunk): merges the row's
+//!    statistics (every block the same, in chunk order), plans the row,
+//!    and writes the chunk's pre-filter tiers and its tier-1 survivors
+//!    (the usual candidates), in the block's scan order;
+//! 3. a selection kernel (a block per row) merges the tiers, loads the
+//!    candidate lists into shared memory when every candidate fits (else it
+//!    reads the row itself, as the one-block version did) and runs the
+//!    pivot rounds there;
+//! 4. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
+//!    over the chunk's elements outside the kept set, without reading them
+//!    when the kept set came from the lists.
+//!
+//! Every partial is merged in a fixed order and the chunking depends on V
+//! only, so a row's result depends only on the row and its parameters.
+//!
+//! Two selection kernels:
+//! - [`topk_topp_mask_f32`] writes the cut and the kept count per row, and
+//!   [`topk_topp_apply_f32`] then writes -inf in place over every logit
+//!   outside the kept set (vLLM semantics);
 //! - [`topk_topp_sample_f32`] draws one token per row from the kept set
 //!   renormalised, by inverse CDF in the total order (value desc, index
 //!   asc) with `u = uniform_open(row_uniform_bits(seed_key(seed), offset,
@@ -26,20 +44,28 @@
 //!   mass.
 //!
 //! # Launch
-//! Grid `(batch, 1, 1)`, block [`ROW_THREADS`] (exactly), dynamic shared
-//! memory [`TOPK_TOPP_SMEM_BYTES`].
+//! In this order on one stream: stats, filter, then mask and apply (or
+//! sample). Block [`ROW_THREADS`] (exactly); the chunked kernels a grid of
+//! `(batch * chunks, 1, 1)` blocks with [`TOPK_TOPP_CHUNK_SMEM_BYTES`] of
+//! dynamic shared memory, the selection kernels `(batch, 1, 1)` with
+//! [`TOPK_TOPP_SMEM_BYTES`]; `chunks` is [`TopkToppLayout::chunks`].
 //!
 //! # Safety (caller)
 //! `logits` holds `batch` rows `row_stride` elements apart with `vocab`
-//! readable (and, for the mask kernel, writable) elements each, `vocab >=
-//! 1`; `top_k`, `top_p`, `min_p`, `temperature` (and `seed`, `offset`,
-//! `tokens`, `valid`, or `kept`) hold `batch` elements; no other thread
-//! of the device writes them during the launch.
+//! readable (and, for the apply kernel, writable) elements each, `1 <=
+//! vocab <= MAX_VOCAB`; `top_k`, `top_p`, `min_p`, `temperature` (and
+//! `seed`, `offset`, `tokens`, `valid`, or `kept`) hold `batch` elements;
+//! `ws` holds [`TopkToppLayout::words`] words for (batch, vocab), used by
+//! no other work meanwhile; every kernel of one call gets the same
+//! arguments; no other thread of the device writes them during the launch.
 
 use crate::arch;
 use crate::block;
 use crate::noise;
-use crate::params::{ROW_THREADS, TOPK_TOPP_SEGMENT, TOPK_TOPP_SMEM_BYTES};
+use crate::params::{
+    ROW_THREADS, TOPK_TOPP_CHUNK, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_LIST_CAP,
+    TOPK_TOPP_SMEM_BYTES, TOPK_TOPP_STATS_SLOT_BYTES, TOPK_TOPP_TIERS_SLOT_BYTES, TopkToppLayout,
+};
 use crate::philox;
 use crate::pivot::{
     Cut, Found, Measure, Pivots, Plan, QuadAcc, QuadSearch, RowParams, RowStats, Weights,
@@ -53,14 +79,23 @@ const WARPS: usize = (ROW_THREADS / 32) as usize;
 /// Bytes of reduction slots at the start of the dynamic shared memory: one
 /// slot per warp of the largest reduced type ([`QuadAcc<f64>`], 80 bytes).
 const REDUCE_BYTES: usize = 1024;
-/// Candidates per warp segment of the compacted list.
-const SEG: u32 = TOPK_TOPP_SEGMENT;
+/// Rows of more chunks than this (V above 2^21) are selected from the row:
+/// the selection block keeps a count and an offset per chunk.
+const MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 
 const _: () = assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
+const _: () = assert!(TOPK_TOPP_LIST_CAP / MAX_LISTED_CHUNKS >= 1);
+const _: () = assert!(TOPK_TOPP_CHUNK as u64 * MAX_LISTED_CHUNKS as u64 <= 1 << 21);
+const _: () = assert!(core::mem::size_of::<RowStats>() <= TOPK_TOPP_STATS_SLOT_BYTES);
+const _: () = assert!(core::mem::size_of::<Tiers>() <= TOPK_TOPP_TIERS_SLOT_BYTES);
+const _: () = assert!(
+    REDUCE_BYTES + 2 * ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
+        <= TOPK_TOPP_SMEM_BYTES as usize
+);
 const _: () =
-    assert!(REDUCE_BYTES + WARPS * SEG as usize * 8 + WARPS * 4 <= TOPK_TOPP_SMEM_BYTES as usize);
+    assert!(REDUCE_BYTES + TOPK_TOPP_CHUNK as usize / 8 <= TOPK_TOPP_CHUNK_SMEM_BYTES as usize);
 
 // ---------------------------------------------------------------------------
 // Block reductions in a fixed order.
@@ -242,6 +277,14 @@ struct Tiers {
     g3: Group,
 }
 
+impl Tiers {
+    const EMPTY: Tiers = Tiers {
+        g1: Group::EMPTY,
+        g2: Group::EMPTY,
+        g3: Group::EMPTY,
+    };
+}
+
 impl Reduce for Tiers {
     #[inline(always)]
     fn shfl(&self, m: u32) -> Self {
@@ -295,15 +338,57 @@ unsafe fn block_reduce<T: Reduce>(v: T, smem: *mut T) -> T {
     }
 }
 
+/// The block-wide exclusive prefix sum of `v` in thread order, and the
+/// total, to every thread.
+///
+/// # Safety
+/// As [`block_reduce`] (`smem`: `WARPS` u32 slots).
+#[inline(always)]
+unsafe fn block_exclusive_scan(v: u32, smem: *mut u32) -> (u32, u32) {
+    let tid = arch::thread_idx_x();
+    let (lane, warp) = (tid % 32, (tid / 32) as usize);
+    let mut inclusive = v;
+    let mut d = 1;
+    while d < 32 {
+        let o = arch::shfl_up_u32(inclusive, d);
+        if lane >= d {
+            inclusive = inclusive.wrapping_add(o);
+        }
+        d <<= 1;
+    }
+    // SAFETY: slots below WARPS (caller's contract); barriers as in
+    // `block_reduce`.
+    unsafe {
+        if lane == 31 {
+            *smem.add(warp) = inclusive;
+        }
+        arch::bar_sync();
+        let (mut before, mut total) = (0u32, 0u32);
+        let mut w = 0;
+        while w < WARPS {
+            let c = *smem.add(w);
+            if w < warp {
+                before = before.wrapping_add(c);
+            }
+            total = total.wrapping_add(c);
+            w += 1;
+        }
+        arch::bar_sync();
+        (before.wrapping_add(inclusive).wrapping_sub(v), total)
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The selection.
 // ---------------------------------------------------------------------------
 
-/// One row: its logits and length.
+/// A row, or a chunk of one: its logits, its length and the row index of
+/// its first element.
 #[derive(Clone, Copy)]
 struct Row {
     ptr: *const f32,
     n: u32,
+    base: u32,
 }
 
 /// Four f32 loaded by one 16-byte load.
@@ -320,6 +405,25 @@ unsafe fn load4(p: *const f32) -> [f32; 4] {
 }
 
 impl Row {
+    /// A whole row of `n` elements.
+    #[inline(always)]
+    fn whole(ptr: *const f32, n: u32) -> Row {
+        Row { ptr, n, base: 0 }
+    }
+
+    /// Chunk `c` (`c < chunks`) of the row `row` of `TOPK_TOPP_CHUNK`
+    /// elements (the last one shorter).
+    #[inline(always)]
+    fn chunk(row: Row, c: u32) -> Row {
+        let base = c * TOPK_TOPP_CHUNK;
+        Row {
+            // SAFETY: base < row.n, inside the row.
+            ptr: unsafe { row.ptr.add(base as usize) },
+            n: (row.n - base).min(TOPK_TOPP_CHUNK),
+            base,
+        }
+    }
+
     /// Calls `f(valid, key, index, x)` on this thread's slots in rounds that
     /// are uniform over the block (so `f` may use warp votes); `valid` is
     /// false for the slots past the row's end. With a 16-byte aligned row
@@ -332,7 +436,9 @@ impl Row {
     #[inline(always)]
     unsafe fn scan(&self, mut f: impl FnMut(bool, u32, u32, f32)) {
         let tid = arch::thread_idx_x();
+        let base0 = self.base;
         let mut visit4 = |ok: bool, j: u32, q: [f32; 4]| {
+            let j = base0 + j;
             f(ok, f32_key(q[0].to_bits()), j, q[0]);
             f(ok, f32_key(q[1].to_bits()), j + 1, q[1]);
             f(ok, f32_key(q[2].to_bits()), j + 2, q[2]);
@@ -393,7 +499,7 @@ impl Row {
                     let j = base + tid;
                     let ok = j < self.n;
                     let x = if ok { *self.ptr.add(j as usize) } else { 0.0 };
-                    f(ok, f32_key(x.to_bits()), j, x);
+                    f(ok, f32_key(x.to_bits()), base0 + j, x);
                     base = match base.checked_add(ROW_THREADS) {
                         Some(b) => b,
                         None => break,
@@ -404,33 +510,15 @@ impl Row {
     }
 }
 
-/// The pre-filter's candidates compacted into shared memory: one segment
-/// of up to [`SEG`] (key, index) pairs per warp, in the warp's scan order,
-/// and the elements with `key >= floor` of them are the candidates.
+/// The pre-filter's candidates of a row in shared memory: `total` entries
+/// (key in the low half, index in the high half), chunk after chunk, each
+/// chunk's in its block's scan order; the elements with `key >= floor` of
+/// them are the candidates.
 #[derive(Clone, Copy)]
 struct List {
-    keys: *mut u32,
-    idx: *mut u32,
-    counts: *mut u32,
+    entries: *const u64,
+    total: u32,
     floor: u32,
-}
-
-impl List {
-    /// The list's place in the dynamic shared memory `smem`.
-    #[inline(always)]
-    fn at(smem: *mut u8) -> List {
-        // SAFETY: offsets inside TOPK_TOPP_SMEM_BYTES (const asserts).
-        unsafe {
-            let keys = smem.add(REDUCE_BYTES) as *mut u32;
-            let idx = keys.add(WARPS * SEG as usize);
-            List {
-                keys,
-                idx,
-                counts: idx.add(WARPS * SEG as usize),
-                floor: 0,
-            }
-        }
-    }
 }
 
 /// Where the passes after the pre-filter read a row's elements: the
@@ -448,31 +536,22 @@ impl Source {
     /// else of the row.
     ///
     /// # Safety
-    /// As [`Row::scan`]; with a list, the compaction is complete and
-    /// visible to the block (a barrier since).
+    /// As [`Row::scan`]; with a list, the list is loaded and visible to the
+    /// block (a barrier since).
     #[inline(always)]
     unsafe fn for_each(&self, mut f: impl FnMut(u32, u32, f32)) {
         // SAFETY: forwarded; list reads stay below each segment's count.
         unsafe {
             match self.list {
                 Some(l) => {
-                    let mut w = 0;
-                    while w < WARPS {
-                        let c = *l.counts.add(w);
-                        let seg = w * SEG as usize;
-                        let mut p = arch::thread_idx_x();
-                        while p < c {
-                            let key = *l.keys.add(seg + p as usize);
-                            if key >= l.floor {
-                                f(
-                                    key,
-                                    *l.idx.add(seg + p as usize),
-                                    f32::from_bits(f32_from_key(key)),
-                                );
-                            }
-                            p += ROW_THREADS;
+                    let mut p = arch::thread_idx_x();
+                    while p < l.total {
+                        let e = *l.entries.add(p as usize);
+                        let key = e as u32;
+                        if key >= l.floor {
+                            f(key, (e >> 32) as u32, f32::from_bits(f32_from_key(key)));
                         }
-                        w += 1;
+                        p += ROW_THREADS;
                     }
                 }
                 None => self.row.scan(|ok, key, i, x| {
@@ -597,26 +676,177 @@ struct Selected {
     valid: bool,
 }
 
-/// The kept prefix of a row: [`crate::pivot::select_row`] with the
-/// pre-filter on, pass by pass over the block.
+/// Row `r`'s slots in the workspace (see [`TopkToppLayout`]).
+#[derive(Clone, Copy)]
+struct Slots {
+    lay: TopkToppLayout,
+    ws: *mut u64,
+    r: usize,
+}
+
+impl Slots {
+    #[inline(always)]
+    fn new(ws: *mut u64, batch: u32, vocab: u32, r: u32) -> Slots {
+        Slots {
+            lay: TopkToppLayout::new(batch, vocab),
+            ws,
+            r: r as usize,
+        }
+    }
+
+    /// Index of chunk `c`'s slot among all (row, chunk) slots.
+    #[inline(always)]
+    fn slot(&self, c: u32) -> usize {
+        self.r * self.lay.chunks as usize + c as usize
+    }
+
+    /// Chunk `c`'s statistics partial.
+    #[inline(always)]
+    fn stats(&self, c: u32) -> *mut RowStats {
+        // SAFETY: inside the layout's words (caller's contract on `ws`).
+        unsafe {
+            (self.ws.add(self.lay.stats) as *mut u8).add(self.slot(c) * TOPK_TOPP_STATS_SLOT_BYTES)
+                as *mut RowStats
+        }
+    }
+
+    /// Chunk `c`'s tiers partial.
+    #[inline(always)]
+    fn tiers(&self, c: u32) -> *mut Tiers {
+        // SAFETY: as `stats`; slots are multiples of 8 bytes.
+        unsafe {
+            (self.ws.add(self.lay.tiers) as *mut u8).add(self.slot(c) * TOPK_TOPP_TIERS_SLOT_BYTES)
+                as *mut Tiers
+        }
+    }
+
+    /// Chunk `c`'s candidate count (all of them, listed or not).
+    #[inline(always)]
+    fn count(&self, c: u32) -> *mut u32 {
+        // SAFETY: as `stats`.
+        unsafe { (self.ws.add(self.lay.counts) as *mut u32).add(self.slot(c)) }
+    }
+
+    /// Chunk `c`'s candidate list (`cap` entries).
+    #[inline(always)]
+    fn list(&self, c: u32) -> *mut u64 {
+        // SAFETY: as `stats`.
+        unsafe {
+            self.ws
+                .add(self.lay.lists + self.slot(c) * self.lay.cap as usize)
+        }
+    }
+
+    /// The row's cut: `[key, index_end, mode, 0]`.
+    #[inline(always)]
+    fn cut(&self) -> *mut u32 {
+        // SAFETY: as `stats`.
+        unsafe { (self.ws.add(self.lay.cuts) as *mut u32).add(4 * self.r) }
+    }
+}
+
+/// The row's statistics: its chunks' partials, merged in a fixed order
+/// (the same in every block that asks).
 ///
 /// # Safety
-/// As [`run_search`].
+/// As [`block_reduce`]; the statistics pass has completed.
 #[inline(always)]
-unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) {
+unsafe fn merged_stats(slots: Slots, smem: *mut u8) -> RowStats {
+    // SAFETY: caller's contract.
+    unsafe {
+        block_reduce(
+            merge_chunks(slots, RowStats::EMPTY, |c| *slots.stats(c)),
+            smem as *mut RowStats,
+        )
+    }
+}
+
+/// This thread's share of a per-chunk partial: chunks `t`, `t + 256`, ...
+/// merged in this order into `empty`.
+#[inline(always)]
+fn merge_chunks<T: Reduce>(slots: Slots, empty: T, part: impl Fn(u32) -> T) -> T {
+    let mut v = empty;
+    let mut c = arch::thread_idx_x();
+    while c < slots.lay.chunks {
+        v.merge_with(&part(c));
+        c += ROW_THREADS;
+    }
+    v
+}
+
+/// The row's plan under `params`, the pre-filter on.
+#[inline(always)]
+fn plan_of(stats: &RowStats, shift: f32, n: u32, params: Params) -> Plan {
+    Plan::new(
+        stats,
+        shift,
+        n,
+        &RowParams {
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            temperature: params.temperature,
+            prefilter: true,
+        },
+    )
+}
+
+/// Loads the row's candidate lists (chunk `t`'s `count` entries offered by
+/// thread `t`, each at most `cap`) into shared memory, chunk after chunk.
+///
+/// # Safety
+/// As [`block_reduce`]; the filter pass has completed; `smem` is the
+/// selection kernels' dynamic shared memory.
+#[inline(always)]
+unsafe fn load_list(slots: Slots, count: u32, floor: u32, smem: *mut u8) -> List {
+    let tid = arch::thread_idx_x();
+    let (chunks, cap) = (slots.lay.chunks, slots.lay.cap);
+    // SAFETY: offsets inside TOPK_TOPP_SMEM_BYTES (const asserts); list
+    // reads below each chunk's count, which is at most `cap`.
+    unsafe {
+        let offsets = smem.add(REDUCE_BYTES) as *mut u32;
+        let counts = offsets.add(ROW_THREADS as usize);
+        let entries = counts.add(ROW_THREADS as usize) as *mut u64;
+        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
+        if tid < chunks {
+            *offsets.add(tid as usize) = off;
+            *counts.add(tid as usize) = count;
+        }
+        arch::bar_sync();
+        let mut p = tid;
+        while p < chunks * cap {
+            let (c, j) = (p / cap, p % cap);
+            if j < *counts.add(c as usize) {
+                *entries.add((*offsets.add(c as usize) + j) as usize) =
+                    *slots.list(c).add(j as usize);
+            }
+            p += ROW_THREADS;
+        }
+        arch::bar_sync();
+        List {
+            entries,
+            total,
+            floor,
+        }
+    }
+}
+
+/// The kept prefix of row `row` ([`crate::pivot::select_row`] with the
+/// pre-filter on) from the partials of the statistics and filter passes:
+/// the pivot rounds over the candidate list when every candidate is
+/// listed, else over the row.
+///
+/// # Safety
+/// As [`run_search`]; both chunked passes of this call have completed.
+#[inline(always)]
+unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Selected, Source) {
     let n = row.n;
-    // SAFETY: the caller's contract covers every pass; all control flow
+    let tid = arch::thread_idx_x();
+    // SAFETY: the caller's contract covers every access; all control flow
     // below depends only on block-reduced values, so it is uniform.
     unsafe {
-        // Pass 1: statistics.
-        let shift = RowStats::shift_of(if n > 0 { *row.ptr } else { 0.0 });
-        let mut st = RowStats::EMPTY;
-        row.scan(|ok, _, _, x| {
-            if ok {
-                st.add(x, shift)
-            }
-        });
-        let stats = block_reduce(st, smem as *mut RowStats);
+        let shift = RowStats::shift_of(*row.ptr);
+        let stats = merged_stats(slots, smem);
         let none = Selected {
             cut: Cut::NONE,
             weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
@@ -625,18 +855,7 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
         if !stats.is_valid() {
             return (none, Source { row, list: None });
         }
-        let plan = Plan::new(
-            &stats,
-            shift,
-            n,
-            &RowParams {
-                top_k: params.top_k,
-                top_p: params.top_p,
-                min_p: params.min_p,
-                temperature: params.temperature,
-                prefilter: true,
-            },
-        );
+        let plan = plan_of(&stats, shift, n, params);
         let Plan {
             k,
             topk,
@@ -648,54 +867,10 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
             ..
         } = plan;
 
-        // Pass 2: min-p's survivors by tier, and those of the first tier
-        // (the usual candidates) compacted into the list, each warp into its own segment in
-        // its scan order (ballots: no atomics, so the order and every later
-        // sum are the same on every launch).
-        let mass_needed = topp && !topk;
-        let mut tiers = Tiers {
-            g1: Group::EMPTY,
-            g2: Group::EMPTY,
-            g3: Group::EMPTY,
-        };
-        let mut list = List::at(smem);
-        let lane = arch::thread_idx_x() % 32;
-        let warp = (arch::thread_idx_x() / 32) as usize;
-        let mut listed = 0u32;
-        row.scan(|ok, key, i, x| {
-            let keep = ok && w.min_p_keeps(x);
-            let put = keep && key >= t1;
-            let votes = arch::ballot(put);
-            if put {
-                let at = listed + (votes & ((1u32 << lane) - 1)).count_ones();
-                if at < SEG {
-                    let slot = warp * SEG as usize + at as usize;
-                    *list.keys.add(slot) = key;
-                    *list.idx.add(slot) = i;
-                }
-            }
-            listed = listed.saturating_add(votes.count_ones());
-            if !keep {
-                return;
-            }
-            let wx = if mass_needed {
-                f64::from(w.weight(x))
-            } else {
-                0.0
-            };
-            // The CPU driver's tier index; branch-free, since a branch per
-            // tier made LLVM select a pointer to the tier's mass, which put
-            // the tiers in local memory.
-            let tier = u32::from(key < t1) + u32::from(key < t2);
-            tiers.g1.add_if(tier == 0, key, wx);
-            tiers.g2.add_if(tier == 1, key, wx);
-            tiers.g3.add_if(tier == 2, key, wx);
-        });
-        if lane == 0 {
-            *list.counts.add(warp) = listed;
-        }
-        // (The reduction's barriers publish the list and the counts.)
-        let tiers = block_reduce(tiers, smem as *mut Tiers);
+        // The pre-filter's tiers, merged over the chunks.
+        let chunks = slots.lay.chunks;
+        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
+        let tiers = block_reduce(mine, smem as *mut Tiers);
         let (s1, s2) = (tiers.g1, tiers.g1.join(tiers.g2));
         let all = s2.join(tiers.g3);
         let total_mass = all.mass;
@@ -715,21 +890,24 @@ unsafe fn select(row: Row, params: Params, smem: *mut u8) -> (Selected, Source) 
         } else {
             (0, all)
         };
-        let is_cand = move |key: u32, x: f32| key >= floor && w.min_p_keeps(x);
-        // The list holds every candidate when the floor is the first
-        // tier's threshold and no segment overflowed (a second-tier or
-        // fallback floor reads the row).
-        let mut fits = floor >= t1;
-        let mut v = 0;
-        while v < WARPS {
-            fits &= *list.counts.add(v) <= SEG;
-            v += 1;
-        }
-        list.floor = floor;
-        let src = Source {
-            row,
-            list: if fits { Some(list) } else { None },
+        let min_key = w.min_p_key();
+        let is_cand = move |key: u32, _: f32| key >= floor && key >= min_key;
+        // The lists hold every candidate when the floor is the first
+        // tier's threshold and no chunk listed fewer than it found (a
+        // second-tier or fallback floor reads the row).
+        let listable = chunks <= MAX_LISTED_CHUNKS;
+        let count = if listable && tid < chunks {
+            *slots.count(tid)
+        } else {
+            0
         };
+        let most = block::block_max_u64(u64::from(count), smem as *mut u64);
+        let list = if listable && floor >= t1 && most <= u64::from(slots.lay.cap) {
+            Some(load_list(slots, count, floor, smem))
+        } else {
+            None
+        };
+        let src = Source { row, list };
 
         // Top-k.
         let mut cut = Cut::at_least(cand.min);
@@ -826,19 +1004,146 @@ unsafe fn read_params(
     }
 }
 
-/// Masks every logit of a row outside its kept set to -inf, in place, and
-/// writes the kept count (0 for a row with nothing finite and no +inf,
-/// whose every entry becomes -inf). Kept entries keep their bits.
+/// The (row, chunk) of this block of a chunked pass, and the row's slots.
+#[inline(always)]
+fn chunk_block(batch: u32, vocab: u32, ws: *mut u64) -> (u32, u32, Slots) {
+    let chunks = TopkToppLayout::new(batch, vocab).chunks;
+    let b = arch::block_idx_x();
+    let (r, c) = (b / chunks, b % chunks);
+    (r, c, Slots::new(ws, batch, vocab, r))
+}
+
+/// Pass 1: the statistics ([`RowStats`]) of one chunk of a row.
 ///
 /// # Launch
-/// See the module docs.
+/// See the module docs (a block per chunk).
 ///
 /// # Safety
 /// See the module docs.
 #[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
+    logits: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract in the module docs covers every access.
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let shift = RowStats::shift_of(*row.ptr);
+        let mut st = RowStats::EMPTY;
+        Row::chunk(row, c).scan(|ok, _, _, x| {
+            if ok {
+                st.add(x, shift)
+            }
+        });
+        let st = block_reduce(st, smem as *mut RowStats);
+        if arch::thread_idx_x() == 0 {
+            *slots.stats(c) = st;
+        }
+    }
+}
+
+/// Pass 2: one chunk's pre-filter tiers (min-p's survivors by tier, masses
+/// when top-p alone needs them) and its candidates (the first tier), listed
+/// in the block's scan order up to the chunk's `cap` and counted in full.
+/// Every block of a row plans the row from the same merged statistics.
+///
+/// # Launch
+/// See the module docs (a block per chunk).
+///
+/// # Safety
+/// See the module docs; the statistics pass of this call has completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
+    logits: *const f32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let tid = arch::thread_idx_x();
+    // SAFETY: the launch contract in the module docs covers every access;
+    // control flow depends only on block-reduced values (uniform).
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let shift = RowStats::shift_of(*row.ptr);
+        let stats = merged_stats(slots, smem);
+        if !stats.is_valid() {
+            // The selection kernels read no partial of such a row.
+            return;
+        }
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        let plan = plan_of(&stats, shift, vocab, params);
+        let (w, t1, t2) = (plan.weights, plan.t1, plan.t2);
+        let mass_needed = plan.topp && !plan.topk;
+        // min-p keeps the keys from `min_key` up; the list takes the
+        // first tier of those.
+        let min_key = w.min_p_key();
+        let list_key = if t1 > min_key { t1 } else { min_key };
+        let chunk = Row::chunk(row, c);
+        let mut tiers = Tiers::EMPTY;
+        let mut mine = 0u32;
+        chunk.scan(|ok, key, _, x| {
+            mine += u32::from(ok && key >= list_key);
+            if !(ok && key >= min_key) {
+                return;
+            }
+            let wx = if mass_needed {
+                f64::from(w.weight(x))
+            } else {
+                0.0
+            };
+            // The CPU driver's tier index; branch-free, since a branch per
+            // tier made LLVM select a pointer to the tier's mass, which put
+            // the tiers in local memory.
+            let tier = u32::from(key < t1) + u32::from(key < t2);
+            tiers.g1.add_if(tier == 0, key, wx);
+            tiers.g2.add_if(tier == 1, key, wx);
+            tiers.g3.add_if(tier == 2, key, wx);
+        });
+        let (mut at, total) = block_exclusive_scan(mine, smem as *mut u32);
+        let tiers = block_reduce(tiers, smem as *mut Tiers);
+        if tid == 0 {
+            *slots.tiers(c) = tiers;
+            *slots.count(c) = total;
+        }
+        // The list, from a second read of the chunk (L1 and L2 hold it).
+        let (list, cap) = (slots.list(c), slots.lay.cap);
+        chunk.scan(|ok, key, i, _| {
+            if ok && key >= list_key {
+                if at < cap {
+                    *list.add(at as usize) = u64::from(key) | (u64::from(i) << 32);
+                }
+                at += 1;
+            }
+        });
+    }
+}
+
+/// Pass 3 of masking: selects each row's kept set and writes its cut (for
+/// [`topk_topp_apply_f32`]) and the kept count (0 for a row with nothing
+/// finite and no +inf). Reads the logits only.
+///
+/// # Launch
+/// See the module docs (a block per row).
+///
+/// # Safety
+/// See the module docs; both chunked passes of this call have completed.
+#[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
-    logits: *mut f32,
+    logits: *const f32,
     top_k: *const u32,
     top_p: *const f32,
     min_p: *const f32,
@@ -846,35 +1151,126 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     kept: *mut u32,
     vocab: u32,
     row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
 ) {
-    let r = arch::block_idx_x() as usize;
+    let r = arch::block_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
-        let ptr = logits.add(r * row_stride as usize);
-        let row = Row {
-            ptr: ptr as *const f32,
-            n: vocab,
-        };
-        let params = read_params(r, top_k, top_p, min_p, temperature);
-        let (sel, _) = select(row, params, smem);
-        // Every thread has finished reading the row (the last reduction in
-        // `select` ends with a barrier); each now rewrites its own elements.
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let slots = Slots::new(ws, batch, vocab, r);
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        let (sel, src) = select(row, params, slots, smem);
         let cut = sel.cut;
         let mut g = Group::EMPTY;
-        row.scan(|ok, key, j, _| {
-            if ok {
-                if cut.keeps(key, j) {
-                    g.n += 1;
-                } else {
-                    *ptr.add(j as usize) = f32::NEG_INFINITY;
-                }
+        src.for_each(|key, i, _| {
+            if cut.keeps(key, i) {
+                g.n += 1;
             }
         });
         let g = block_reduce(g, smem as *mut Group);
         if arch::thread_idx_x() == 0 {
-            *kept.add(r) = g.n;
+            *kept.add(r as usize) = g.n;
+            let out = slots.cut();
+            *out = cut.key;
+            *out.add(1) = cut.index_end;
+            *out.add(2) = u32::from(src.list.is_some());
+            *out.add(3) = 0;
+        }
+    }
+}
+
+/// Pass 4 of masking: writes -inf over one chunk's elements outside the
+/// row's kept set; kept entries keep their bits. When the cut came from
+/// the lists (which hold every kept element) the chunk is only written:
+/// the kept elements are marked in a bitmap from the chunk's list first.
+///
+/// # Launch
+/// See the module docs (a block per chunk).
+///
+/// # Safety
+/// See the module docs; [`topk_topp_mask_f32`] of this call has completed.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
+    logits: *mut f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let tid = arch::thread_idx_x();
+    // SAFETY: the launch contract in the module docs covers every access;
+    // the bitmap is `TOPK_TOPP_CHUNK / 32` words after the reduction slots.
+    unsafe {
+        let ptr = logits.add(r as usize * row_stride as usize);
+        let chunk = Row::chunk(Row::whole(ptr, vocab), c);
+        let at = slots.cut();
+        let cut = Cut {
+            key: *at,
+            index_end: *at.add(1),
+        };
+        if *at.add(2) == 0 {
+            chunk.scan(|ok, key, i, _| {
+                if ok && !cut.keeps(key, i) {
+                    *ptr.add(i as usize) = f32::NEG_INFINITY;
+                }
+            });
+            return;
+        }
+        let bits = smem.add(REDUCE_BYTES) as *mut u32;
+        let mut w = tid;
+        while w < TOPK_TOPP_CHUNK / 32 {
+            *bits.add(w as usize) = 0;
+            w += ROW_THREADS;
+        }
+        arch::bar_sync();
+        let count = (*slots.count(c)).min(slots.lay.cap);
+        let list = slots.list(c);
+        let mut j = tid;
+        while j < count {
+            let e = *list.add(j as usize);
+            let (key, i) = (e as u32, (e >> 32) as u32);
+            if cut.keeps(key, i) {
+                let l = i - chunk.base;
+                arch::red_shared_add_u32(
+                    arch::smem_addr(bits.add((l / 32) as usize)),
+                    1 << (l % 32),
+                );
+            }
+            j += ROW_THREADS;
+        }
+        arch::bar_sync();
+        let ninf = f32::NEG_INFINITY.to_bits();
+        let out = chunk.ptr as *mut f32;
+        if (out as usize).is_multiple_of(16) && chunk.n.is_multiple_of(4) {
+            let mut v = tid;
+            while v < chunk.n / 4 {
+                let l = 4 * v;
+                let mask = (*bits.add((l / 32) as usize) >> (l % 32)) & 0xf;
+                let p = out.add(l as usize);
+                if mask == 0 {
+                    arch::st_global_v4_u32(p as *mut u32, [ninf; 4]);
+                } else {
+                    for e in 0..4 {
+                        if mask & (1 << e) == 0 {
+                            *p.add(e) = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                v += ROW_THREADS;
+            }
+        } else {
+            let mut l = tid;
+            while l < chunk.n {
+                if (*bits.add((l / 32) as usize) >> (l % 32)) & 1 == 0 {
+                    *out.add(l as usize) = f32::NEG_INFINITY;
+                }
+                l += ROW_THREADS;
+            }
         }
     }
 }
@@ -888,10 +1284,10 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
 /// logits are only read.
 ///
 /// # Launch
-/// See the module docs.
+/// See the module docs (a block per row, after the two chunked passes).
 ///
 /// # Safety
-/// See the module docs.
+/// See the module docs; both chunked passes of this call have completed.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
@@ -906,20 +1302,21 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     valid: *mut u8,
     vocab: u32,
     row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
 ) {
-    let r = arch::block_idx_x() as usize;
+    let r = arch::block_idx_x();
     let tid = arch::thread_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: the launch contract in the module docs covers every access;
     // control flow depends only on block-reduced values (uniform).
     unsafe {
-        let row = Row {
-            ptr: logits.add(r * row_stride as usize),
-            n: vocab,
-        };
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let slots = Slots::new(ws, batch, vocab, r);
+        let r = r as usize;
         let params = read_params(r, top_k, top_p, min_p, temperature);
-        let (sel, src) = select(row, params, smem);
+        let (sel, src) = select(row, params, slots, smem);
         if !sel.valid {
             if tid == 0 {
                 *tokens.add(r) = 0;
