@@ -541,14 +541,16 @@ fn sanitize_topk_paths() {
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     let mut coverage = Coverage::default();
-    const MASK: [&str; 4] = [
+    const MASK: [&str; 5] = [
         "topk_topp_stats_f32",
+        "topk_topp_plan_f32",
         "topk_topp_filter_f32",
         "topk_topp_mask_f32",
         "topk_topp_apply_f32",
     ];
-    const SAMPLE: [&str; 3] = [
+    const SAMPLE: [&str; 4] = [
         "topk_topp_stats_f32",
+        "topk_topp_plan_f32",
         "topk_topp_filter_f32",
         "topk_topp_sample_f32",
     ];

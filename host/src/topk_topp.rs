@@ -135,8 +135,8 @@ fn fit_workspace(
     Ok(lay)
 }
 
-/// Launches the two chunked passes every call starts with: statistics,
-/// then the pre-filter.
+/// Launches the passes every call starts with: statistics (per chunk), the
+/// plan (per row), then the pre-filter (per chunk).
 fn launch_prefilter(
     dev: &Device,
     stream: &Arc<CudaStream>,
@@ -161,7 +161,7 @@ fn launch_prefilter(
     let (tp, _g2) = params.top_p.device_ptr(stream);
     let (mp, _g3) = params.min_p.device_ptr(stream);
     let (t, _g4) = params.row.temperature.device_ptr(stream);
-    let mut b = stream.launch_builder(&dev.kernels().topk_topp_filter_f32);
+    let mut b = stream.launch_builder(&dev.kernels().topk_topp_plan_f32);
     b.arg(&logits)
         .arg(&tk)
         .arg(&tp)
@@ -171,9 +171,19 @@ fn launch_prefilter(
         .arg(&stride)
         .arg(&batch)
         .arg(&ws);
-    // SAFETY: as above, for `topk_topp_filter_f32`; the four parameter
-    // buffers hold at least `batch` elements (checked by the caller); it
-    // follows the statistics pass on the same stream.
+    // SAFETY: as above, for `topk_topp_plan_f32`; the four parameter
+    // buffers hold at least `batch` elements (checked by the caller); a
+    // block per row, after the statistics pass on the same stream.
+    unsafe {
+        b.launch(LaunchConfig {
+            shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
+            ..row_per_block(rows)
+        })
+    }?;
+    let mut b = stream.launch_builder(&dev.kernels().topk_topp_filter_f32);
+    b.arg(&logits).arg(&vocab).arg(&stride).arg(&batch).arg(&ws);
+    // SAFETY: as above, for `topk_topp_filter_f32`, after the plan kernel
+    // on the same stream.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
@@ -378,7 +388,8 @@ mod tests {
             assert!(lay.counts >= lay.tiers + slots * 72 / 8);
             assert!(lay.lists * 2 >= lay.counts * 2 + slots);
             assert_eq!(lay.cuts, lay.lists + slots * lay.cap as usize);
-            assert_eq!(lay.words, lay.cuts + 2 * batch as usize);
+            assert_eq!(lay.plans, lay.cuts + 2 * batch as usize);
+            assert_eq!(lay.words, lay.plans + 4 * batch as usize);
         }
     }
 }

@@ -64,6 +64,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_f16_b64",
     "fused_sample_finish",
     "topk_topp_stats_f32",
+    "topk_topp_plan_f32",
     "topk_topp_filter_f32",
     "topk_topp_mask_f32",
     "topk_topp_apply_f32",
@@ -86,7 +87,9 @@ pub struct LaunchBounds {
 /// Kernels whose register count would otherwise cost resident blocks: the
 /// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
 /// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
-/// spills).
+/// spills) and the Qrita pre-filter pass at
+/// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
+/// no spills).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",

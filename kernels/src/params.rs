@@ -131,19 +131,22 @@ pub const TOPK_TOPP_CHUNK_SMEM_BYTES: u32 = 1024 + TOPK_TOPP_CHUNK / 8;
 
 /// Resident blocks per multiprocessor the pre-filter pass
 /// (`topk_topp_filter_f32`) is compiled for: it streams the logits, so it
-/// needs the warps in flight more than the registers.
-pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 2;
+/// needs the warps in flight more than the registers (4 would spill).
+pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 3;
 
 /// Bytes of one chunk's statistics partial (`pivot::RowStats`).
 pub const TOPK_TOPP_STATS_SLOT_BYTES: usize = 24;
 /// Bytes of one chunk's pre-filter tiers partial (three count, key range
 /// and mass groups).
 pub const TOPK_TOPP_TIERS_SLOT_BYTES: usize = 72;
+/// Bytes of one row's plan as the pre-filter pass reads it.
+pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 32;
 
 /// Where the `topk_topp_*` kernels keep their per-call state in the
 /// workspace, in 8-byte words: per (row, chunk) a statistics partial, a
 /// tiers partial, a candidate count and a list of up to `cap` candidates
-/// (key in the low half, index in the high half); per row the cut.
+/// (key in the low half, index in the high half); per row the cut and the
+/// plan.
 /// Host and kernels compute the same layout from (batch, vocab).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopkToppLayout {
@@ -158,6 +161,8 @@ pub struct TopkToppLayout {
     /// Per row: `[key, index_end, mode, 0]` as u32 (mode 1: the masking
     /// pass works from the lists, 0: from the row).
     pub cuts: usize,
+    /// Per row: the pre-filter's thresholds and weights.
+    pub plans: usize,
     /// Words in all.
     pub words: usize,
 }
@@ -182,7 +187,8 @@ impl TopkToppLayout {
             counts,
             lists,
             cuts,
-            words: cuts + 2 * batch as usize,
+            plans: cuts + 2 * batch as usize,
+            words: cuts + 2 * batch as usize + batch as usize * TOPK_TOPP_PLAN_SLOT_BYTES / 8,
         }
     }
 }

@@ -18,15 +18,16 @@
 //!
 //! 1. [`topk_topp_stats_f32`] (a block per chunk): the chunk's
 //!    [`RowStats`];
-//! 2. [`topk_topp_filter_f32`] (a block per chunk): merges the row's
-//!    statistics (every block the same, in chunk order), plans the row,
-//!    and writes the chunk's pre-filter tiers and its tier-1 survivors
-//!    (the usual candidates), in the block's scan order;
-//! 3. a selection kernel (a block per row) merges the tiers, loads the
+//! 2. [`topk_topp_plan_f32`] (a block per row): merges the row's
+//!    statistics and writes the pre-filter's thresholds;
+//! 3. [`topk_topp_filter_f32`] (a block per chunk): writes the chunk's
+//!    pre-filter tiers and its tier-1 survivors (the usual candidates), in
+//!    the block's scan order;
+//! 4. a selection kernel (a block per row) merges the tiers, loads the
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
 //!    pivot rounds there;
-//! 4. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
+//! 5. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
 //!    over the chunk's elements outside the kept set, without reading them
 //!    when the kept set came from the lists.
 //!
@@ -44,11 +45,12 @@
 //!   mass.
 //!
 //! # Launch
-//! In this order on one stream: stats, filter, then mask and apply (or
-//! sample). Block [`ROW_THREADS`] (exactly); the chunked kernels a grid of
-//! `(batch * chunks, 1, 1)` blocks with [`TOPK_TOPP_CHUNK_SMEM_BYTES`] of
-//! dynamic shared memory, the selection kernels `(batch, 1, 1)` with
-//! [`TOPK_TOPP_SMEM_BYTES`]; `chunks` is [`TopkToppLayout::chunks`].
+//! In this order on one stream: stats, plan, filter, then mask and apply
+//! (or sample). Block [`ROW_THREADS`] (exactly); the chunked kernels a grid
+//! of `(batch * chunks, 1, 1)` blocks and the plan kernel `(batch, 1, 1)`,
+//! with [`TOPK_TOPP_CHUNK_SMEM_BYTES`] of dynamic shared memory; the
+//! selection kernels `(batch, 1, 1)` with [`TOPK_TOPP_SMEM_BYTES`];
+//! `chunks` is [`TopkToppLayout::chunks`].
 //!
 //! # Safety (caller)
 //! `logits` holds `batch` rows `row_stride` elements apart with `vocab`
@@ -64,7 +66,8 @@ use crate::block;
 use crate::noise;
 use crate::params::{
     ROW_THREADS, TOPK_TOPP_CHUNK, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_LIST_CAP,
-    TOPK_TOPP_SMEM_BYTES, TOPK_TOPP_STATS_SLOT_BYTES, TOPK_TOPP_TIERS_SLOT_BYTES, TopkToppLayout,
+    TOPK_TOPP_PLAN_SLOT_BYTES, TOPK_TOPP_SMEM_BYTES, TOPK_TOPP_STATS_SLOT_BYTES,
+    TOPK_TOPP_TIERS_SLOT_BYTES, TopkToppLayout,
 };
 use crate::philox;
 use crate::pivot::{
@@ -86,10 +89,13 @@ const MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 const _: () = assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
+// The butterfly over the warps' results stays inside a warp.
+const _: () = assert!(WARPS.is_power_of_two() && WARPS <= 32);
 const _: () = assert!(TOPK_TOPP_LIST_CAP / MAX_LISTED_CHUNKS >= 1);
 const _: () = assert!(TOPK_TOPP_CHUNK as u64 * MAX_LISTED_CHUNKS as u64 <= 1 << 21);
 const _: () = assert!(core::mem::size_of::<RowStats>() <= TOPK_TOPP_STATS_SLOT_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() <= TOPK_TOPP_TIERS_SLOT_BYTES);
+const _: () = assert!(core::mem::size_of::<RowPlan>() <= TOPK_TOPP_PLAN_SLOT_BYTES);
 const _: () = assert!(
     REDUCE_BYTES + 2 * ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
         <= TOPK_TOPP_SMEM_BYTES as usize
@@ -267,21 +273,22 @@ impl Reduce for Group {
     }
 }
 
-/// The pre-filter's three tiers: keys `>= t1`, in `[t2, t1)`, below `t2`
-/// (min-p survivors only). Three named fields rather than an array indexed
-/// by the tier, which would live in local memory.
+/// The pre-filter's nested candidate sets among min-p's survivors: keys
+/// `>= t1`, keys `>= t2` (`t2 <= t1`), and all of them. Three named fields
+/// rather than an array indexed by the tier, which would live in local
+/// memory.
 #[derive(Clone, Copy)]
 struct Tiers {
-    g1: Group,
-    g2: Group,
-    g3: Group,
+    s1: Group,
+    s2: Group,
+    all: Group,
 }
 
 impl Tiers {
     const EMPTY: Tiers = Tiers {
-        g1: Group::EMPTY,
-        g2: Group::EMPTY,
-        g3: Group::EMPTY,
+        s1: Group::EMPTY,
+        s2: Group::EMPTY,
+        all: Group::EMPTY,
     };
 }
 
@@ -289,22 +296,75 @@ impl Reduce for Tiers {
     #[inline(always)]
     fn shfl(&self, m: u32) -> Self {
         Tiers {
-            g1: self.g1.shfl(m),
-            g2: self.g2.shfl(m),
-            g3: self.g3.shfl(m),
+            s1: self.s1.shfl(m),
+            s2: self.s2.shfl(m),
+            all: self.all.shfl(m),
         }
     }
     #[inline(always)]
     fn merge_with(&mut self, o: &Self) {
-        self.g1.merge_with(&o.g1);
-        self.g2.merge_with(&o.g2);
-        self.g3.merge_with(&o.g3);
+        self.s1.merge_with(&o.s1);
+        self.s2.merge_with(&o.s2);
+        self.all.merge_with(&o.all);
+    }
+}
+
+/// One thread's [`Tiers`] while it scans: per set a count, a least key
+/// and a mass, and one largest key (the sets are nested, so a non-empty
+/// set holds the largest key of all).
+#[derive(Clone, Copy)]
+struct TierScan {
+    n: [u32; 3],
+    min: [u32; 3],
+    max: u32,
+    mass: [f64; 3],
+}
+
+impl TierScan {
+    const EMPTY: TierScan = TierScan {
+        n: [0; 3],
+        min: [u32::MAX; 3],
+        max: 0,
+        mass: [0.0; 3],
+    };
+
+    /// Adds an element whose key passes thresholds `k[0] >= k[1] >= k[2]`
+    /// as flagged in `on` (nested: `on[0]` implies `on[1]` implies `on[2]`)
+    /// with weight `w` (0 when the masses are not needed). Constant indices
+    /// only (the arrays stay in registers).
+    #[inline(always)]
+    fn add(&mut self, on: [bool; 3], key: u32, w: Option<f64>) {
+        for t in 0..3 {
+            self.n[t] += u32::from(on[t]);
+            let lo = if on[t] { key } else { u32::MAX };
+            self.min[t] = self.min[t].min(lo);
+            if let Some(w) = w {
+                self.mass[t] += if on[t] { w } else { 0.0 };
+            }
+        }
+        let hi = if on[2] { key } else { 0 };
+        self.max = self.max.max(hi);
+    }
+
+    #[inline(always)]
+    fn tiers(&self) -> Tiers {
+        let g = |t: usize| Group {
+            n: self.n[t],
+            min: self.min[t],
+            max: if self.n[t] > 0 { self.max } else { 0 },
+            mass: self.mass[t],
+        };
+        Tiers {
+            s1: g(0),
+            s2: g(1),
+            all: g(2),
+        }
     }
 }
 
 /// The block-wide merge of every thread's `v`, returned to every thread:
-/// a butterfly within each warp, then warps 0, 1, ..., in this order. The
-/// same inputs give the same bits on every launch.
+/// a butterfly within each warp, then a butterfly over the warps' results.
+/// The same inputs give the same bits on every launch.
 ///
 /// # Safety
 /// Every thread of the block calls it (uniform control flow); `smem`
@@ -327,11 +387,16 @@ unsafe fn block_reduce<T: Reduce>(v: T, smem: *mut T) -> T {
             *smem.add((tid / 32) as usize) = v;
         }
         arch::bar_sync();
-        let mut r = *smem;
-        let mut w = 1;
-        while w < WARPS {
-            r.merge_with(&*smem.add(w));
-            w += 1;
+        // Each lane takes one warp's result (lane mod WARPS) and a
+        // butterfly over those WARPS lanes merges them: one slot in
+        // registers per thread, where a loop over the slots had the
+        // compiler load all of them at once (144 registers for `Tiers`).
+        let mut r = *smem.add((tid % 32) as usize % WARPS);
+        let mut m = WARPS as u32 / 2;
+        while m > 0 {
+            let o = r.shfl(m);
+            r.merge_with(&o);
+            m >>= 1;
         }
         arch::bar_sync();
         r
@@ -421,6 +486,39 @@ impl Row {
             ptr: unsafe { row.ptr.add(base as usize) },
             n: (row.n - base).min(TOPK_TOPP_CHUNK),
             base,
+        }
+    }
+
+    /// Calls `f(key, index)` on this thread's elements in the order of
+    /// [`Row::scan`], one load at a time (for a pass over data in cache).
+    ///
+    /// # Safety
+    /// As [`Row::scan`] (no warp votes in `f` needed: the rounds are not
+    /// uniform).
+    #[inline(always)]
+    unsafe fn scan_one(&self, mut f: impl FnMut(u32, u32)) {
+        let tid = arch::thread_idx_x();
+        // SAFETY: every load is of an index below n (caller's contract).
+        unsafe {
+            if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
+                let mut v = tid;
+                while v < self.n / 4 {
+                    let q = load4(self.ptr.add(4 * v as usize));
+                    for (e, x) in q.iter().enumerate() {
+                        f(f32_key(x.to_bits()), self.base + 4 * v + e as u32);
+                    }
+                    v += ROW_THREADS;
+                }
+            } else {
+                let mut j = tid;
+                while j < self.n {
+                    f(
+                        f32_key((*self.ptr.add(j as usize)).to_bits()),
+                        self.base + j,
+                    );
+                    j += ROW_THREADS;
+                }
+            }
         }
     }
 
@@ -668,6 +766,21 @@ struct Params {
     temperature: f32,
 }
 
+/// What the pre-filter pass needs of a row's [`Plan`], written once per
+/// row by [`topk_topp_plan_f32`] (the plan's arithmetic would otherwise set
+/// the register count of the streaming pass).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct RowPlan {
+    weights: Weights,
+    /// Least keys of the nested sets: the list (t1), the second tier (t2),
+    /// all of min-p's survivors; each at least min-p's key.
+    keys: [u32; 3],
+    /// Bit 0: the row has a finite or +inf entry; bit 1: the masses are
+    /// needed (top-p without top-k).
+    flags: u32,
+}
+
 /// The result of [`select`].
 #[derive(Clone, Copy)]
 struct Selected {
@@ -734,6 +847,16 @@ impl Slots {
         unsafe {
             self.ws
                 .add(self.lay.lists + self.slot(c) * self.lay.cap as usize)
+        }
+    }
+
+    /// The row's plan, as the pre-filter pass reads it.
+    #[inline(always)]
+    fn plan(&self) -> *mut RowPlan {
+        // SAFETY: as `stats`; slots are multiples of 8 bytes.
+        unsafe {
+            (self.ws.add(self.lay.plans) as *mut u8).add(self.r * TOPK_TOPP_PLAN_SLOT_BYTES)
+                as *mut RowPlan
         }
     }
 
@@ -871,8 +994,7 @@ unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Sele
         let chunks = slots.lay.chunks;
         let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
         let tiers = block_reduce(mine, smem as *mut Tiers);
-        let (s1, s2) = (tiers.g1, tiers.g1.join(tiers.g2));
-        let all = s2.join(tiers.g3);
+        let (s1, s2, all) = (tiers.s1, tiers.s2, tiers.all);
         let total_mass = all.mass;
         let target_p = f64::from(top_p) * total_mass;
         let enough = |g: Group| {
@@ -1047,19 +1169,17 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
     }
 }
 
-/// Pass 2: one chunk's pre-filter tiers (min-p's survivors by tier, masses
-/// when top-p alone needs them) and its candidates (the first tier), listed
-/// in the block's scan order up to the chunk's `cap` and counted in full.
-/// Every block of a row plans the row from the same merged statistics.
+/// Per row: merges the chunks' statistics and writes what the pre-filter
+/// pass needs of the row's plan ([`RowPlan`]).
 ///
 /// # Launch
-/// See the module docs (a block per chunk).
+/// See the module docs (a block per row, after the statistics pass).
 ///
 /// # Safety
 /// See the module docs; the statistics pass of this call has completed.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
+pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
     logits: *const f32,
     top_k: *const u32,
     top_p: *const f32,
@@ -1070,58 +1190,97 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    let r = arch::block_idx_x();
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract in the module docs covers every access.
+    unsafe {
+        let slots = Slots::new(ws, batch, vocab, r);
+        let shift = RowStats::shift_of(*logits.add(r as usize * row_stride as usize));
+        let stats = merged_stats(slots, smem);
+        if arch::thread_idx_x() != 0 {
+            return;
+        }
+        let out = if stats.is_valid() {
+            let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+            let plan = plan_of(&stats, shift, vocab, params);
+            let min_key = plan.weights.min_p_key();
+            RowPlan {
+                weights: plan.weights,
+                keys: [plan.t1.max(min_key), plan.t2.max(min_key), min_key],
+                flags: 1 | (u32::from(plan.topp && !plan.topk) << 1),
+            }
+        } else {
+            RowPlan {
+                weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
+                keys: [u32::MAX; 3],
+                flags: 0,
+            }
+        };
+        *slots.plan() = out;
+    }
+}
+
+/// Pass 2: one chunk's pre-filter tiers (min-p's survivors by tier, masses
+/// when top-p alone needs them) and its candidates (the first tier), listed
+/// in the block's scan order up to the chunk's `cap` and counted in full,
+/// under the row's plan from [`topk_topp_plan_f32`].
+///
+/// # Launch
+/// See the module docs (a block per chunk).
+///
+/// # Safety
+/// See the module docs; the plan kernel of this call has completed.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
+    logits: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     let tid = arch::thread_idx_x();
     // SAFETY: the launch contract in the module docs covers every access;
-    // control flow depends only on block-reduced values (uniform).
+    // control flow depends only on the row's plan (uniform).
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let shift = RowStats::shift_of(*row.ptr);
-        let stats = merged_stats(slots, smem);
-        if !stats.is_valid() {
+        let plan = *slots.plan();
+        if plan.flags & 1 == 0 {
             // The selection kernels read no partial of such a row.
             return;
         }
-        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-        let plan = plan_of(&stats, shift, vocab, params);
-        let (w, t1, t2) = (plan.weights, plan.t1, plan.t2);
-        let mass_needed = plan.topp && !plan.topk;
-        // min-p keeps the keys from `min_key` up; the list takes the
-        // first tier of those.
-        let min_key = w.min_p_key();
-        let list_key = if t1 > min_key { t1 } else { min_key };
+        let (w, k) = (plan.weights, plan.keys);
+        let mass_needed = plan.flags & 2 != 0;
         let chunk = Row::chunk(row, c);
-        let mut tiers = Tiers::EMPTY;
-        let mut mine = 0u32;
-        chunk.scan(|ok, key, _, x| {
-            mine += u32::from(ok && key >= list_key);
-            if !(ok && key >= min_key) {
-                return;
-            }
-            let wx = if mass_needed {
-                f64::from(w.weight(x))
-            } else {
-                0.0
-            };
-            // The CPU driver's tier index; branch-free, since a branch per
-            // tier made LLVM select a pointer to the tier's mass, which put
-            // the tiers in local memory.
-            let tier = u32::from(key < t1) + u32::from(key < t2);
-            tiers.g1.add_if(tier == 0, key, wx);
-            tiers.g2.add_if(tier == 1, key, wx);
-            tiers.g3.add_if(tier == 2, key, wx);
-        });
-        let (mut at, total) = block_exclusive_scan(mine, smem as *mut u32);
-        let tiers = block_reduce(tiers, smem as *mut Tiers);
+        // Two copies of the scan, so that rows without a top-p-only cut
+        // (which needs no masses) skip the weights.
+        let mut acc = TierScan::EMPTY;
+        if mass_needed {
+            chunk.scan(|ok, key, _, x| {
+                let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
+                let wx = if on[2] { f64::from(w.weight(x)) } else { 0.0 };
+                acc.add(on, key, Some(wx));
+            });
+        } else {
+            chunk.scan(|ok, key, _, _| {
+                let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
+                acc.add(on, key, None);
+            });
+        }
+        let list_key = k[0];
+        let (mut at, total) = block_exclusive_scan(acc.n[0], smem as *mut u32);
+        let tiers = block_reduce(acc.tiers(), smem as *mut Tiers);
         if tid == 0 {
             *slots.tiers(c) = tiers;
             *slots.count(c) = total;
         }
-        // The list, from a second read of the chunk (L1 and L2 hold it).
+        // The list, from a second read of the chunk (L1 and L2 hold it),
+        // one load at a time: the stores depend on each other through the
+        // running position, so loads in flight would only hold registers.
         let (list, cap) = (slots.list(c), slots.lay.cap);
-        chunk.scan(|ok, key, i, _| {
-            if ok && key >= list_key {
+        chunk.scan_one(|key, i| {
+            if key >= list_key {
                 if at < cap {
                     *list.add(at as usize) = u64::from(key) | (u64::from(i) << 32);
                 }
