@@ -362,19 +362,6 @@ impl TierScan {
     }
 }
 
-/// The merge of every lane's `v` over the warp by a butterfly, returned to
-/// every lane.
-#[inline(always)]
-fn warp_reduce<T: Reduce>(mut v: T) -> T {
-    let mut m = 16;
-    while m > 0 {
-        let o = v.shfl(m);
-        v.merge_with(&o);
-        m >>= 1;
-    }
-    v
-}
-
 /// The block-wide merge of every thread's `v`, returned to every thread:
 /// a butterfly within each warp, then a butterfly over the warps' results.
 /// The same inputs give the same bits on every launch.
@@ -386,7 +373,13 @@ fn warp_reduce<T: Reduce>(mut v: T) -> T {
 #[inline(always)]
 unsafe fn block_reduce<T: Reduce>(v: T, smem: *mut T) -> T {
     let tid = arch::thread_idx_x();
-    let v = warp_reduce(v);
+    let mut v = v;
+    let mut m = 16;
+    while m > 0 {
+        let o = v.shfl(m);
+        v.merge_with(&o);
+        m >>= 1;
+    }
     // SAFETY: slots below WARPS (caller's contract); barriers separate the
     // writes from the reads and the reads from the next call's writes.
     unsafe {
@@ -626,10 +619,6 @@ struct List {
     floor: u32,
 }
 
-/// Lists of at most this many candidates are searched by every warp on
-/// its own (see [`Source::warps_alone`]).
-const WARP_LIST: u32 = 1024;
-
 /// Where the passes after the pre-filter read a row's elements: the
 /// compacted list when every candidate fits, else the row itself.
 #[derive(Clone, Copy)]
@@ -639,50 +628,10 @@ struct Source {
 }
 
 impl Source {
-    /// Whether each warp runs the selection alone over the whole list: a
-    /// short list (at most [`WARP_LIST`]) makes the block-wide reductions
-    /// (two barriers each, a dozen per row) the cost, so every warp repeats
-    /// the same work with warp reductions only and reaches the same bits
-    /// (same data, same order). Uniform over the block.
-    #[inline(always)]
-    fn warps_alone(&self) -> bool {
-        matches!(self.list, Some(l) if l.total <= WARP_LIST)
-    }
-
-    /// The merge of every thread's `v` over the threads that share the
-    /// elements (the warp, or the block), to each of them.
-    ///
-    /// # Safety
-    /// As [`block_reduce`].
-    #[inline(always)]
-    unsafe fn reduce<T: Reduce>(&self, v: T, smem: *mut T) -> T {
-        if self.warps_alone() {
-            warp_reduce(v)
-        } else {
-            // SAFETY: forwarded.
-            unsafe { block_reduce(v, smem) }
-        }
-    }
-
-    /// The maximum of `v` over the threads that share the elements.
-    ///
-    /// # Safety
-    /// As [`block::block_max_u64`].
-    #[inline(always)]
-    unsafe fn max_u64(&self, v: u64, smem: *mut u64) -> u64 {
-        if self.warps_alone() {
-            block::warp_max_u64(v)
-        } else {
-            // SAFETY: forwarded.
-            unsafe { block::block_max_u64(v, smem) }
-        }
-    }
-
-    /// Calls `f(key, index, x)` on this thread's share of the elements
-    /// (its warp's or its block's, see [`Source::warps_alone`]): of the
-    /// list, those with `key >= floor` (`x` rebuilt from its key, which is
-    /// exact for every non-NaN value, and NaN never reaches the list); else
-    /// of the row.
+    /// Calls `f(key, index, x)` on this thread's share of the elements: of
+    /// the list, those with `key >= floor` (`x` rebuilt from its key, which
+    /// is exact for every non-NaN value, and NaN never reaches the list);
+    /// else of the row.
     ///
     /// # Safety
     /// As [`Row::scan`]; with a list, the list is loaded and visible to the
@@ -693,18 +642,14 @@ impl Source {
         unsafe {
             match self.list {
                 Some(l) => {
-                    let (mut p, step) = if self.warps_alone() {
-                        (arch::thread_idx_x() % 32, 32)
-                    } else {
-                        (arch::thread_idx_x(), ROW_THREADS)
-                    };
+                    let mut p = arch::thread_idx_x();
                     while p < l.total {
                         let e = *l.entries.add(p as usize);
                         let key = e as u32;
                         if key >= l.floor {
                             f(key, (e >> 32) as u32, f32::from_bits(f32_from_key(key)));
                         }
-                        p += step;
+                        p += ROW_THREADS;
                     }
                 }
                 None => self.row.scan(|ok, key, i, x| {
@@ -744,7 +689,7 @@ unsafe fn run_search<M: ShflMeasure>(
                     acc.add(&pv, key_of(key, i), measure(x));
                 }
             });
-            let merged = src.reduce(acc, smem as *mut QuadAcc<M>);
+            let merged = block_reduce(acc, smem as *mut QuadAcc<M>);
             search.advance(&merged);
         }
     }
@@ -1122,7 +1067,7 @@ unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Sele
                         g.add(key, f64::from(w.weight(x)));
                     }
                 });
-                let g = src.reduce(g, smem as *mut Group);
+                let g = block_reduce(g, smem as *mut Group);
                 (g.n, g.mass)
             } else {
                 (cand.n, cand.mass)
@@ -1384,7 +1329,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
                 g.n += 1;
             }
         });
-        let g = src.reduce(g, smem as *mut Group);
+        let g = block_reduce(g, smem as *mut Group);
         if arch::thread_idx_x() == 0 {
             *kept.add(r as usize) = g.n;
             let out = slots.cut();
@@ -1548,7 +1493,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
                 g.add(key, f64::from(w.weight(x)));
             }
         });
-        let g = src.reduce(g, smem as *mut Group);
+        let g = block_reduce(g, smem as *mut Group);
         let u = noise::uniform_open(philox::row_uniform_bits(
             philox::seed_key(*seed.add(r)),
             *offset.add(r),
@@ -1586,7 +1531,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
                     best = u64::from(i) + 1;
                 }
             });
-            let b = src.max_u64(best, smem as *mut u64);
+            let b = block::block_max_u64(best, smem as *mut u64);
             b.saturating_sub(1) as u32
         } else {
             !tie_index(src, key, take, count, kept, smem)
