@@ -971,9 +971,14 @@ fn samplers_replay_from_cuda_graphs() {
     let mut rng = common::rng("samplers_replay_from_cuda_graphs");
     let ws = RefCell::new(Workspace::new(&stream).unwrap());
     // sampling_from_logits with several blocks per row (B = 3) and one
-    // (B = 600).
+    // (B = 600). Broad rows (logits uniform in [0, 4), T = 1), so that an
+    // advanced offset changes some token: with the random distributions
+    // three peaked rows could all keep theirs (seen once on the H200).
     for batch in [3usize, 600] {
         let mut b = Batch::random(&mut rng, batch, 4099);
+        b.logits
+            .iter_mut()
+            .for_each(|x| *x = rng.random_range(0.0f32..4.0));
         b.temperature.iter_mut().for_each(|t| *t = 1.0);
         let logits = stream.clone_htod(&b.logits).unwrap();
         let out = RefCell::new(SampleOutput::new(&stream, batch).unwrap());
