@@ -130,9 +130,10 @@ impl Batch {
     }
 
     /// Rows whose candidates crowd into the first chunk of 8192: logits
-    /// uniform in [-4, 0) and 1500 of the first 8192 in [5, 6), so that the
-    /// pre-filter's first tier holds more than one chunk may list and the
-    /// selection reads the row instead of the lists.
+    /// uniform in [-4, 0) and 4000 draws of the first 8192 set in [5, 6)
+    /// (about 3160 distinct), so that the pre-filter's first tier holds
+    /// more than one chunk may list (at least 1024, 2730 at V = 20001) and
+    /// the selection reads the row instead of the lists.
     fn crowded(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
         const TRUNC: [(u32, f32, f32); 4] = [
             (1000, 0.9, 0.0),
@@ -144,7 +145,7 @@ impl Batch {
         for _ in 0..batch {
             let start = logits.len();
             logits.extend((0..vocab).map(|_| rng.random_range(-4.0f32..0.0)));
-            for _ in 0..1500 {
+            for _ in 0..4000 {
                 let j = rng.random_range(0..vocab.min(8192));
                 logits[start + j] = rng.random_range(5.0f32..6.0);
             }

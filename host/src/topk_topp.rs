@@ -200,7 +200,7 @@ impl Device {
     /// finite and no +inf becomes all -inf with `kept = 0`. Deterministic:
     /// a row's result depends only on the row and its parameters.
     ///
-    /// `ws` holds the per-call state (about 64 KiB per row); it grows on
+    /// `ws` holds the per-call state (about one byte per logit); it grows on
     /// the first call of a shape, so reuse one per stream and make a call
     /// of the largest shape before capturing a CUDA graph.
     pub fn top_k_top_p_mask_logits(
@@ -383,7 +383,8 @@ mod tests {
             let lay = TopkToppLayout::new(batch, vocab);
             let slots = batch as usize * lay.chunks as usize;
             assert_eq!(lay.chunks, vocab.div_ceil(8192));
-            assert!(lay.cap >= 1 && lay.cap * lay.chunks <= 8192);
+            let even = 8192 / lay.chunks;
+            assert_eq!(lay.cap, if lay.chunks > 256 { 0 } else { even.max(1024) });
             assert!(lay.tiers >= lay.stats + slots * 24 / 8);
             assert!(lay.counts >= lay.tiers + slots * 72 / 8);
             assert!(lay.lists * 2 >= lay.counts * 2 + slots);

@@ -116,9 +116,23 @@ pub const TOPK_TOPP_CHUNK: u32 = 8 * 4 * ROW_THREADS;
 
 /// Pre-filter candidates a row's selection block holds in shared memory
 /// (8 bytes each); each chunk may list `TOPK_TOPP_LIST_CAP / chunks` of
-/// them, and a row whose candidates do not fit is selected from the row
-/// itself (correct, slower).
+/// them (at least [`TOPK_TOPP_CHUNK_LIST_MIN`]), and a row whose
+/// candidates do not fit is selected from the row itself (correct,
+/// slower).
 pub const TOPK_TOPP_LIST_CAP: u32 = 8192;
+
+/// Candidates a chunk may list at least (the lists of a row may then hold
+/// more than [`TOPK_TOPP_LIST_CAP`] in all; the selection uses them when
+/// they add up to at most that). Real logits crowd their candidates into a
+/// few chunks (the tokenizer's frequent tokens sit together): on the
+/// SmolLM2 corpus at k = 1000 the fullest chunk holds up to 783 of about
+/// 3000, which an even split of 8192 (512 a chunk at V = 128256) sent to
+/// the row path in two rows of three. About 1 byte of workspace per logit.
+pub const TOPK_TOPP_CHUNK_LIST_MIN: u32 = 1024;
+
+/// Rows of more chunks than this (V above 2^21) are selected from the row:
+/// the selection block keeps a count and an offset per chunk.
+pub const TOPK_TOPP_MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 
 /// Dynamic shared memory of the selection kernels (`topk_topp_mask_f32`,
 /// `topk_topp_sample_f32`): 1 KiB of reduction slots, a count and an
@@ -172,7 +186,13 @@ impl TopkToppLayout {
     pub const fn new(batch: u32, vocab: u32) -> TopkToppLayout {
         let chunks = vocab.div_ceil(TOPK_TOPP_CHUNK);
         let chunks = if chunks == 0 { 1 } else { chunks };
-        let cap = TOPK_TOPP_LIST_CAP / chunks;
+        let cap = if chunks > TOPK_TOPP_MAX_LISTED_CHUNKS {
+            0
+        } else if TOPK_TOPP_LIST_CAP / chunks > TOPK_TOPP_CHUNK_LIST_MIN {
+            TOPK_TOPP_LIST_CAP / chunks
+        } else {
+            TOPK_TOPP_CHUNK_LIST_MIN
+        };
         let slots = batch as usize * chunks as usize;
         let stats = 0;
         let tiers = stats + slots * TOPK_TOPP_STATS_SLOT_BYTES / 8;

@@ -66,8 +66,8 @@ use crate::block;
 use crate::noise;
 use crate::params::{
     ROW_THREADS, TOPK_TOPP_CHUNK, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_LIST_CAP,
-    TOPK_TOPP_PLAN_SLOT_BYTES, TOPK_TOPP_SMEM_BYTES, TOPK_TOPP_STATS_SLOT_BYTES,
-    TOPK_TOPP_TIERS_SLOT_BYTES, TopkToppLayout,
+    TOPK_TOPP_MAX_LISTED_CHUNKS, TOPK_TOPP_PLAN_SLOT_BYTES, TOPK_TOPP_SMEM_BYTES,
+    TOPK_TOPP_STATS_SLOT_BYTES, TOPK_TOPP_TIERS_SLOT_BYTES, TopkToppLayout,
 };
 use crate::philox;
 use crate::pivot::{
@@ -82,17 +82,14 @@ const WARPS: usize = (ROW_THREADS / 32) as usize;
 /// Bytes of reduction slots at the start of the dynamic shared memory: one
 /// slot per warp of the largest reduced type ([`QuadAcc<f64>`], 80 bytes).
 const REDUCE_BYTES: usize = 1024;
-/// Rows of more chunks than this (V above 2^21) are selected from the row:
-/// the selection block keeps a count and an offset per chunk.
-const MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 
 const _: () = assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
 // The butterfly over the warps' results stays inside a warp.
 const _: () = assert!(WARPS.is_power_of_two() && WARPS <= 32);
-const _: () = assert!(TOPK_TOPP_LIST_CAP / MAX_LISTED_CHUNKS >= 1);
-const _: () = assert!(TOPK_TOPP_CHUNK as u64 * MAX_LISTED_CHUNKS as u64 <= 1 << 21);
+// The selection block keeps a count and an offset per listed chunk.
+const _: () = assert!(TOPK_TOPP_MAX_LISTED_CHUNKS <= ROW_THREADS);
 const _: () = assert!(core::mem::size_of::<RowStats>() <= TOPK_TOPP_STATS_SLOT_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() <= TOPK_TOPP_TIERS_SLOT_BYTES);
 const _: () = assert!(core::mem::size_of::<RowPlan>() <= TOPK_TOPP_PLAN_SLOT_BYTES);
@@ -914,36 +911,43 @@ fn plan_of(stats: &RowStats, shift: f32, n: u32, params: Params) -> Plan {
     )
 }
 
-/// Loads the row's candidate lists (chunk `t`'s `count` entries offered by
-/// thread `t`, each at most `cap`) into shared memory, chunk after chunk.
+/// Loads the row's candidate lists into shared memory, chunk after chunk:
+/// thread `t` offers chunk `t`'s exclusive prefix `off` of the counts (each
+/// at most `cap`); `total` (at most `TOPK_TOPP_LIST_CAP`) is their sum.
 ///
 /// # Safety
 /// As [`block_reduce`]; the filter pass has completed; `smem` is the
 /// selection kernels' dynamic shared memory.
 #[inline(always)]
-unsafe fn load_list(slots: Slots, count: u32, floor: u32, smem: *mut u8) -> List {
+unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u8) -> List {
     let tid = arch::thread_idx_x();
-    let (chunks, cap) = (slots.lay.chunks, slots.lay.cap);
-    // SAFETY: offsets inside TOPK_TOPP_SMEM_BYTES (const asserts); list
-    // reads below each chunk's count, which is at most `cap`.
+    let chunks = slots.lay.chunks;
+    // SAFETY: offsets inside TOPK_TOPP_SMEM_BYTES (const asserts); entry q
+    // of the row lies in the chunk whose offsets bracket it, below its
+    // count.
     unsafe {
         let offsets = smem.add(REDUCE_BYTES) as *mut u32;
-        let counts = offsets.add(ROW_THREADS as usize);
-        let entries = counts.add(ROW_THREADS as usize) as *mut u64;
-        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
+        let entries = offsets.add(2 * ROW_THREADS as usize) as *mut u64;
         if tid < chunks {
             *offsets.add(tid as usize) = off;
-            *counts.add(tid as usize) = count;
         }
         arch::bar_sync();
-        let mut p = tid;
-        while p < chunks * cap {
-            let (c, j) = (p / cap, p % cap);
-            if j < *counts.add(c as usize) {
-                *entries.add((*offsets.add(c as usize) + j) as usize) =
-                    *slots.list(c).add(j as usize);
+        let mut q = tid;
+        while q < total {
+            // The last chunk whose offset is at most q (binary search; the
+            // offsets ascend, empty chunks repeat them).
+            let (mut lo, mut hi) = (0u32, chunks);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                if *offsets.add(mid as usize) <= q {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
             }
-            p += ROW_THREADS;
+            let j = q - *offsets.add(lo as usize);
+            *entries.add(q as usize) = *slots.list(lo).add(j as usize);
+            q += ROW_THREADS;
         }
         arch::bar_sync();
         List {
@@ -1017,15 +1021,20 @@ unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Sele
         // The lists hold every candidate when the floor is the first
         // tier's threshold and no chunk listed fewer than it found (a
         // second-tier or fallback floor reads the row).
-        let listable = chunks <= MAX_LISTED_CHUNKS;
+        let listable = chunks <= TOPK_TOPP_MAX_LISTED_CHUNKS;
         let count = if listable && tid < chunks {
             *slots.count(tid)
         } else {
             0
         };
         let most = block::block_max_u64(u64::from(count), smem as *mut u64);
-        let list = if listable && floor >= t1 && most <= u64::from(slots.lay.cap) {
-            Some(load_list(slots, count, floor, smem))
+        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
+        let list = if listable
+            && floor >= t1
+            && most <= u64::from(slots.lay.cap)
+            && total <= TOPK_TOPP_LIST_CAP
+        {
+            Some(load_list(slots, off, total, floor, smem))
         } else {
             None
         };
