@@ -51,6 +51,24 @@ fn push_tie_row(rng: &mut StdRng, vocab: usize, k: usize, out: &mut Vec<f32>) {
     }
 }
 
+/// Parameters of `batch` rows at temperature 1 cycling through `trunc`'s
+/// (top_k, top_p, min_p), with random seeds and offsets.
+fn cycled_params(rng: &mut StdRng, batch: usize, trunc: &[(u32, f32, f32)]) -> Vec<SamplingParams> {
+    (0..batch)
+        .map(|r| {
+            let (top_k, top_p, min_p) = trunc[r % trunc.len()];
+            SamplingParams {
+                temperature: 1.0,
+                top_k,
+                top_p,
+                min_p,
+                seed: rng.random(),
+                offset: rng.random_range(0..1 << 40),
+            }
+        })
+        .collect()
+}
+
 impl Batch {
     fn random(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
         let v = vocab as u32;
@@ -108,19 +126,7 @@ impl Batch {
         let logits = (0..batch * vocab)
             .map(|_| rng.random_range(0.0f32..4.0))
             .collect();
-        let params = (0..batch)
-            .map(|r| {
-                let (top_k, top_p, min_p) = TRUNC[r % TRUNC.len()];
-                SamplingParams {
-                    temperature: 1.0,
-                    top_k,
-                    top_p,
-                    min_p,
-                    seed: rng.random(),
-                    offset: rng.random_range(0..1 << 40),
-                }
-            })
-            .collect();
+        let params = cycled_params(rng, batch, &TRUNC);
         Batch {
             rows: Rows::contiguous(batch, vocab),
             logits,
@@ -150,19 +156,7 @@ impl Batch {
                 logits[start + j] = rng.random_range(5.0f32..6.0);
             }
         }
-        let params = (0..batch)
-            .map(|r| {
-                let (top_k, top_p, min_p) = TRUNC[r % TRUNC.len()];
-                SamplingParams {
-                    temperature: 1.0,
-                    top_k,
-                    top_p,
-                    min_p,
-                    seed: rng.random(),
-                    offset: rng.random_range(0..1 << 40),
-                }
-            })
-            .collect();
+        let params = cycled_params(rng, batch, &TRUNC);
         Batch {
             rows: Rows::contiguous(batch, vocab),
             logits,
