@@ -131,12 +131,13 @@ pub const TOPK_TOPP_LIST_CAP: u32 = 8192;
 pub const TOPK_TOPP_CHUNK_LIST_MIN: u32 = 1024;
 
 /// Rows of more chunks than this (V above 2^21) are selected from the row:
-/// the selection block keeps a count and an offset per chunk.
+/// the selection block keeps an offset per chunk.
 pub const TOPK_TOPP_MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 
 /// Dynamic shared memory of the selection kernels (`topk_topp_mask_f32`,
-/// `topk_topp_sample_f32`): 1 KiB of reduction slots, a count and an
-/// offset per chunk (at most [`ROW_THREADS`] chunks) and the candidates.
+/// `topk_topp_sample_f32`): 1 KiB of reduction slots, two words per chunk
+/// (at most [`ROW_THREADS`] chunks; the list offsets use the first) and the
+/// candidates.
 pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + 2 * ROW_THREADS * 4 + TOPK_TOPP_LIST_CAP * 8;
 
 /// Dynamic shared memory of the chunked passes: 1 KiB of reduction slots

@@ -88,7 +88,7 @@ const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
 const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
 // The butterfly over the warps' results stays inside a warp.
 const _: () = assert!(WARPS.is_power_of_two() && WARPS <= 32);
-// The selection block keeps a count and an offset per listed chunk.
+// The selection block keeps an offset per listed chunk.
 const _: () = assert!(TOPK_TOPP_MAX_LISTED_CHUNKS <= ROW_THREADS);
 const _: () = assert!(core::mem::size_of::<RowStats>() <= TOPK_TOPP_STATS_SLOT_BYTES);
 const _: () = assert!(core::mem::size_of::<Tiers>() <= TOPK_TOPP_TIERS_SLOT_BYTES);
