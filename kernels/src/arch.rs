@@ -64,6 +64,28 @@ pub fn shfl_bfly_u32(x: u32, lane_mask: u32) -> u32 {
     r
 }
 
+macro_rules! redux_u32 {
+    ($name:ident, $op:literal, $doc:literal) => {
+        #[doc = $doc]
+        /// over the full warp (sm_80), to every lane; every lane must
+        /// execute it (not `pure`, see [`shfl_bfly_u32`]).
+        #[inline(always)]
+        pub fn $name(x: u32) -> u32 {
+            let r: u32;
+            // SAFETY: register-only instruction; all 32 lanes participate.
+            unsafe {
+                asm!(concat!("redux.sync.", $op, ".u32 {r}, {x}, 0xffffffff;"),
+                     r = out(reg32) r, x = in(reg32) x, options(nostack))
+            };
+            r
+        }
+    };
+}
+
+redux_u32!(redux_add_u32, "add", "`redux.sync.add.u32`: the wrapping sum of `x`");
+redux_u32!(redux_min_u32, "min", "`redux.sync.min.u32`: the least `x`");
+redux_u32!(redux_max_u32, "max", "`redux.sync.max.u32`: the largest `x`");
+
 /// `shfl.sync.idx.b32` over the full warp: lane `src`'s `x`; every lane
 /// must execute it (not `pure`, see [`shfl_bfly_u32`]).
 #[inline(always)]
