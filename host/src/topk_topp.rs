@@ -229,17 +229,9 @@ impl Device {
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr_mut(stream);
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        let (tk, _g2) = params.top_k.device_ptr(stream);
-        let (tp, _g3) = params.top_p.device_ptr(stream);
-        let (mp, _g4) = params.min_p.device_ptr(stream);
-        let (t, _g5) = params.row.temperature.device_ptr(stream);
         let (kp, _g6) = kept.device_ptr_mut(stream);
         let mut b = stream.launch_builder(&self.kernels().topk_topp_mask_f32);
         b.arg(&l)
-            .arg(&tk)
-            .arg(&tp)
-            .arg(&mp)
-            .arg(&t)
             .arg(&kp)
             .arg(&vocab)
             .arg(&stride)
@@ -248,11 +240,11 @@ impl Device {
         // SAFETY: the argument list matches `topk_topp_mask_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated:
         // batch rows `row_stride` apart with `vocab` each, 1 <= vocab <=
-        // MAX_VOCAB), the four parameter buffers and `kept` at least `batch`
-        // elements (checked), `ws` the layout's words (grown above), all
-        // live cudarc buffers of this stream's context; one block of
-        // ROW_THREADS per row with the shared memory the kernel asks for,
-        // after both chunked passes on this stream.
+        // MAX_VOCAB), `kept` at least `batch` elements (checked), `ws` the
+        // layout's words (grown above, the plans and lists written by the
+        // passes before), all live cudarc buffers of this stream's context;
+        // one block of ROW_THREADS per row with the shared memory the kernel
+        // asks for, after the prefilter passes on this stream.
         unsafe { b.launch(row_per_block(&rows)) }?;
         let mut b = stream.launch_builder(&self.kernels().topk_topp_apply_f32);
         b.arg(&l).arg(&vocab).arg(&stride).arg(&batch).arg(&w);
@@ -306,20 +298,12 @@ impl Device {
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr(stream);
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        let (tk, _g2) = params.top_k.device_ptr(stream);
-        let (tp, _g3) = params.top_p.device_ptr(stream);
-        let (mp, _g4) = params.min_p.device_ptr(stream);
-        let (t, _g5) = params.row.temperature.device_ptr(stream);
         let (s, _g6) = params.row.seed.device_ptr(stream);
         let (o, _g7) = params.row.offset.device_ptr(stream);
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
         let (v, _g9) = out.valid.device_ptr_mut(stream);
         let mut b = stream.launch_builder(&self.kernels().topk_topp_sample_f32);
         b.arg(&l)
-            .arg(&tk)
-            .arg(&tp)
-            .arg(&mp)
-            .arg(&t)
             .arg(&s)
             .arg(&o)
             .arg(&tok)
@@ -330,11 +314,12 @@ impl Device {
             .arg(&w);
         // SAFETY: the argument list matches `topk_topp_sample_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated),
-        // the six parameter buffers and both outputs at least `batch`
-        // elements (checked), `ws` the layout's words (grown above), all
-        // live cudarc buffers of this stream's context; one block of
-        // ROW_THREADS per row with the shared memory the kernel asks for,
-        // after both chunked passes on this stream.
+        // seeds, offsets and both outputs at least `batch` elements
+        // (checked), `ws` the layout's words (grown above, the plans and
+        // lists written by the passes before), all live cudarc buffers of
+        // this stream's context; one block of ROW_THREADS per row with the
+        // shared memory the kernel asks for, after the prefilter passes on
+        // this stream.
         unsafe { b.launch(row_per_block(&rows)) }?;
         Ok(())
     }
@@ -390,7 +375,7 @@ mod tests {
             assert!(lay.lists * 2 >= lay.counts * 2 + slots);
             assert_eq!(lay.cuts, lay.lists + slots * lay.cap as usize);
             assert_eq!(lay.plans, lay.cuts + 2 * batch as usize);
-            assert_eq!(lay.words, lay.plans + 4 * batch as usize);
+            assert_eq!(lay.words, lay.plans + 6 * batch as usize);
         }
     }
 }

@@ -82,9 +82,17 @@ macro_rules! redux_u32 {
     };
 }
 
-redux_u32!(redux_add_u32, "add", "`redux.sync.add.u32`: the wrapping sum of `x`");
+redux_u32!(
+    redux_add_u32,
+    "add",
+    "`redux.sync.add.u32`: the wrapping sum of `x`"
+);
 redux_u32!(redux_min_u32, "min", "`redux.sync.min.u32`: the least `x`");
-redux_u32!(redux_max_u32, "max", "`redux.sync.max.u32`: the largest `x`");
+redux_u32!(
+    redux_max_u32,
+    "max",
+    "`redux.sync.max.u32`: the largest `x`"
+);
 
 /// `shfl.sync.idx.b32` over the full warp: lane `src`'s `x`; every lane
 /// must execute it (not `pure`, see [`shfl_bfly_u32`]).

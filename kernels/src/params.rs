@@ -154,8 +154,8 @@ pub const TOPK_TOPP_STATS_SLOT_BYTES: usize = 24;
 /// Bytes of one chunk's pre-filter tiers partial (three count, key range
 /// and mass groups).
 pub const TOPK_TOPP_TIERS_SLOT_BYTES: usize = 72;
-/// Bytes of one row's plan as the pre-filter pass reads it.
-pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 32;
+/// Bytes of one row's plan as the pre-filter and selection passes read it.
+pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 48;
 
 /// Where the `topk_topp_*` kernels keep their per-call state in the
 /// workspace, in 8-byte words: per (row, chunk) a statistics partial, a

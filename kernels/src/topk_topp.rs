@@ -823,13 +823,14 @@ struct Params {
     temperature: f32,
 }
 
-/// What the pre-filter pass needs of a row's [`Plan`], written once per
-/// row by [`topk_topp_plan_f32`] (the plan's arithmetic would otherwise set
-/// the register count of the streaming pass).
+/// A row's [`Plan`] and what the pre-filter pass derives from it, written
+/// once per row by [`topk_topp_plan_f32`] (the plan's arithmetic would
+/// otherwise set the register count of the streaming pass and cost every
+/// selection block a few microseconds).
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct RowPlan {
-    weights: Weights,
+    plan: Plan,
     /// Least keys of the nested sets: the list (t1), the second tier (t2),
     /// all of min-p's survivors; each at least min-p's key.
     keys: [u32; 3],
@@ -1026,23 +1027,22 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
 /// # Safety
 /// As [`run_search`]; both chunked passes of this call have completed.
 #[inline(always)]
-unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Selected, Source) {
-    let n = row.n;
+unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
     let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; all control flow
-    // below depends only on block-reduced values, so it is uniform.
+    // below depends only on the row's plan and block-reduced values, so it
+    // is uniform.
     unsafe {
-        let shift = RowStats::shift_of(*row.ptr);
-        let stats = merged_stats(slots, smem);
+        let row_plan = *slots.plan();
         let none = Selected {
             cut: Cut::NONE,
             weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
             valid: false,
         };
-        if !stats.is_valid() {
+        if row_plan.flags & 1 == 0 {
             return (none, Source { row, list: None });
         }
-        let plan = plan_of(&stats, shift, n, params);
+        let plan = row_plan.plan;
         let Plan {
             k,
             topk,
@@ -1076,7 +1076,7 @@ unsafe fn select(row: Row, params: Params, slots: Slots, smem: *mut u8) -> (Sele
         } else {
             (0, all)
         };
-        let min_key = w.min_p_key();
+        let min_key = row_plan.keys[2];
         let is_cand = move |key: u32, _: f32| key >= floor && key >= min_key;
         // The lists hold every candidate when the floor is the first
         // tier's threshold and no chunk listed fewer than it found (a
@@ -1274,13 +1274,22 @@ pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
             let plan = plan_of(&stats, shift, vocab, params);
             let min_key = plan.weights.min_p_key();
             RowPlan {
-                weights: plan.weights,
+                plan,
                 keys: [plan.t1.max(min_key), plan.t2.max(min_key), min_key],
                 flags: 1 | (u32::from(plan.topp && !plan.topk) << 1),
             }
         } else {
             RowPlan {
-                weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
+                plan: Plan {
+                    k: 0,
+                    topk: false,
+                    top_p: 1.0,
+                    topp: false,
+                    weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
+                    prefiltered: false,
+                    t1: 0,
+                    t2: 0,
+                },
                 keys: [u32::MAX; 3],
                 flags: 0,
             }
@@ -1319,7 +1328,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
             // The selection kernels read no partial of such a row.
             return;
         }
-        let (w, k) = (plan.weights, plan.keys);
+        let (w, k) = (plan.plan.weights, plan.keys);
         let mass_needed = plan.flags & 2 != 0;
         let chunk = Row::chunk(row, c);
         // Two copies of the scan, so that rows without a top-p-only cut
@@ -1372,10 +1381,6 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     logits: *const f32,
-    top_k: *const u32,
-    top_p: *const f32,
-    min_p: *const f32,
-    temperature: *const f32,
     kept: *mut u32,
     vocab: u32,
     row_stride: u64,
@@ -1389,8 +1394,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-        let (sel, src) = select(row, params, slots, smem);
+        let (sel, src) = select(row, slots, smem);
         let cut = sel.cut;
         let mut g = Group::EMPTY;
         src.for_each(|key, i, _| {
@@ -1520,10 +1524,6 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     logits: *const f32,
-    top_k: *const u32,
-    top_p: *const f32,
-    min_p: *const f32,
-    temperature: *const f32,
     seed: *const u64,
     offset: *const u64,
     tokens: *mut u32,
@@ -1543,8 +1543,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
         let r = r as usize;
-        let params = read_params(r, top_k, top_p, min_p, temperature);
-        let (sel, src) = select(row, params, slots, smem);
+        let (sel, src) = select(row, slots, smem);
         if !sel.valid {
             if tid == 0 {
                 *tokens.add(r) = 0;
