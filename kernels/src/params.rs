@@ -135,10 +135,9 @@ pub const TOPK_TOPP_CHUNK_LIST_MIN: u32 = 1024;
 pub const TOPK_TOPP_MAX_LISTED_CHUNKS: u32 = ROW_THREADS;
 
 /// Dynamic shared memory of the selection kernels (`topk_topp_mask_f32`,
-/// `topk_topp_sample_f32`): 1 KiB of reduction slots, two words per chunk
-/// (at most [`ROW_THREADS`] chunks; the list offsets use the first) and the
-/// candidates.
-pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + 2 * ROW_THREADS * 4 + TOPK_TOPP_LIST_CAP * 8;
+/// `topk_topp_sample_f32`): 1 KiB of reduction slots, an offset per chunk
+/// (at most [`ROW_THREADS`] chunks) and the candidates.
+pub const TOPK_TOPP_SMEM_BYTES: u32 = 1024 + ROW_THREADS * 4 + TOPK_TOPP_LIST_CAP * 8;
 
 /// Dynamic shared memory of the chunked passes: 1 KiB of reduction slots
 /// and a bit per element of the chunk (the masking pass's kept set).

@@ -94,7 +94,7 @@ const _: () = assert!(core::mem::size_of::<RowStats>() <= TOPK_TOPP_STATS_SLOT_B
 const _: () = assert!(core::mem::size_of::<Tiers>() <= TOPK_TOPP_TIERS_SLOT_BYTES);
 const _: () = assert!(core::mem::size_of::<RowPlan>() <= TOPK_TOPP_PLAN_SLOT_BYTES);
 const _: () = assert!(
-    REDUCE_BYTES + 2 * ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
+    REDUCE_BYTES + ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
         <= TOPK_TOPP_SMEM_BYTES as usize
 );
 const _: () =
@@ -988,7 +988,7 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
     // count.
     unsafe {
         let offsets = smem.add(REDUCE_BYTES) as *mut u32;
-        let entries = offsets.add(2 * ROW_THREADS as usize) as *mut u64;
+        let entries = offsets.add(ROW_THREADS as usize) as *mut u64;
         if tid < chunks {
             *offsets.add(tid as usize) = off;
         }
@@ -1198,10 +1198,15 @@ unsafe fn read_params(
 /// The (row, chunk) of this block of a chunked pass, and the row's slots.
 #[inline(always)]
 fn chunk_block(batch: u32, vocab: u32, ws: *mut u64) -> (u32, u32, Slots) {
-    let chunks = TopkToppLayout::new(batch, vocab).chunks;
+    let lay = TopkToppLayout::new(batch, vocab);
     let b = arch::block_idx_x();
-    let (r, c) = (b / chunks, b % chunks);
-    (r, c, Slots::new(ws, batch, vocab, r))
+    let (r, c) = (b / lay.chunks, b % lay.chunks);
+    let slots = Slots {
+        lay,
+        ws,
+        r: r as usize,
+    };
+    (r, c, slots)
 }
 
 /// Pass 1: the statistics ([`RowStats`]) of one chunk of a row.
