@@ -35,6 +35,7 @@
 //! 11.8 us (B = 1, V = 128256, k = 50), 25.9 us (B = 128, k = 50), 34.9 us
 //! (B = 128, k = 1000), 50.9 us (B = 128, V = 262144, k = 1000).
 //!
+//! `FLASHSAMPLE_BENCH_ONLY` selects cases by name (`B=128 V=128256 k=50`).
 //! Prints the markdown tables and writes them to `FLASHSAMPLE_BENCH_OUT`
 //! when set. Without a GPU it says it skips and exits 0.
 
@@ -264,6 +265,10 @@ fn main() -> Result<()> {
                     &offsets,
                 )?;
                 for batch in BATCHES {
+                    let case = format!("B={batch} V={vocab} k={k}{suffix}");
+                    if !harness::selected(&case) {
+                        continue;
+                    }
                     let rows = Rows::contiguous(batch, vocab);
                     let view = probs.slice(..batch * vocab);
                     let floor = (batch * vocab * 4) as f64 / read_bw * 1e6;
@@ -281,7 +286,6 @@ fn main() -> Result<()> {
                     })?;
                     let ok = target.is_none_or(|x| t <= x);
                     failures += usize::from(!ok);
-                    let case = format!("B={batch} V={vocab} k={k}{suffix}");
                     writeln!(
                         table,
                         "| {case} | {route:?} | {floor:.1} | {t:.1} | {:.2} | {} | {} |",
