@@ -89,10 +89,7 @@ pub struct LaunchBounds {
 /// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
 /// spills) and the Qrita pre-filter pass at
 /// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
-/// no spills), and the radix kernels at one block of
-/// [`radix_select::RADIX_THREADS`] (at most 128 registers: their eight
-/// vectors in flight pushed sm_80 to 135, which a block of 512 threads
-/// cannot launch with).
+/// no spills).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",
@@ -108,16 +105,6 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "topk_topp_filter_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
-    },
-    LaunchBounds {
-        kernel: "radix_topk_cluster_f32",
-        max_threads: radix_select::RADIX_THREADS,
-        min_blocks_per_sm: 1,
-    },
-    LaunchBounds {
-        kernel: "radix_topk_coop_f32",
-        max_threads: radix_select::RADIX_THREADS,
-        min_blocks_per_sm: 1,
     },
 ];
 

@@ -596,37 +596,18 @@ impl Chunk {
     #[inline(always)]
     unsafe fn for_each_round(&self, smem: Smem, mut f: impl FnMut(u32, [u32; 4])) {
         let rounds = self.groups.div_ceil(THREADS);
-        let tid = arch::thread_idx_x();
-        // SAFETY: the caller's contract, for groups below `groups`.
-        let fetch = |g: u32| unsafe {
-            if g < self.groups {
-                self.group(smem, g)
-            } else {
-                [0; 4]
-            }
-        };
-        // Four rounds' groups are loaded before the first is visited: past
-        // the cache they come from L2 or HBM, one round-trip per four
-        // rounds instead of per round.
+        let mut g = arch::thread_idx_x();
         let mut r = 0;
         while r < rounds {
-            let g = tid + r * THREADS;
-            let v0 = fetch(g);
-            let v1 = fetch(g + THREADS);
-            let v2 = fetch(g + 2 * THREADS);
-            let v3 = fetch(g + 3 * THREADS);
-            // Uniform conditions: every thread runs the same rounds.
-            f(g, v0);
-            if r + 1 < rounds {
-                f(g + THREADS, v1);
-            }
-            if r + 2 < rounds {
-                f(g + 2 * THREADS, v2);
-            }
-            if r + 3 < rounds {
-                f(g + 3 * THREADS, v3);
-            }
-            r += 4;
+            let bits = if g < self.groups {
+                // SAFETY: the caller's contract.
+                unsafe { self.group(smem, g) }
+            } else {
+                [0; 4]
+            };
+            f(g, bits);
+            g += THREADS;
+            r += 1;
         }
     }
 }
@@ -684,15 +665,8 @@ unsafe fn clear_hist(smem: Smem, parity: u32) {
     arch::bar_sync();
 }
 
-/// Vectors a thread has in flight in the streaming pass: 64 KiB per
-/// 512-thread CTA, what one SM needs in flight to draw its share of HBM
-/// bandwidth at about 1.5 us of loaded latency (with 4, a CTA streaming a
-/// row alone was latency-bound).
-const STREAM_DEPTH: u32 = 8;
-
 /// The streaming pass: reads the chunk once, fills the cache and
-/// histograms the first digit, [`STREAM_DEPTH`] vectors in flight per
-/// thread.
+/// histograms the first digit. Four vectors in flight per thread.
 ///
 /// # Safety
 /// The launch contract; every thread calls it after [`clear_hist`].
@@ -732,25 +706,15 @@ unsafe fn stream_pass(chunk: &Chunk, smem: Smem, hist: *mut u32) {
     };
     let mut g = tid;
     while g < chunk.groups {
-        // Written out: a loop over an array of the vectors would keep it
-        // in local memory.
-        let v0 = load(g);
-        let v1 = load(g + THREADS);
-        let v2 = load(g + 2 * THREADS);
-        let v3 = load(g + 3 * THREADS);
-        let v4 = load(g + 4 * THREADS);
-        let v5 = load(g + 5 * THREADS);
-        let v6 = load(g + 6 * THREADS);
-        let v7 = load(g + 7 * THREADS);
-        visit(g, v0);
-        visit(g + THREADS, v1);
-        visit(g + 2 * THREADS, v2);
-        visit(g + 3 * THREADS, v3);
-        visit(g + 4 * THREADS, v4);
-        visit(g + 5 * THREADS, v5);
-        visit(g + 6 * THREADS, v6);
-        visit(g + 7 * THREADS, v7);
-        g += STREAM_DEPTH * THREADS;
+        let a = load(g);
+        let b = load(g + THREADS);
+        let c = load(g + 2 * THREADS);
+        let d = load(g + 3 * THREADS);
+        visit(g, a);
+        visit(g + THREADS, b);
+        visit(g + 2 * THREADS, c);
+        visit(g + 3 * THREADS, d);
+        g += 4 * THREADS;
     }
     counter.flush();
 }
@@ -793,25 +757,13 @@ unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) 
     let group = BUCKETS / 4 - 1 - tid;
     let mut c = [0u32; 4];
     let mut rank = 0;
-    let size = x.size();
     // SAFETY: the caller's contract; control words of this block, written
     // before the scan's barriers and read after the next barrier.
     unsafe {
-        // Four ranks' loads in flight before the first sum (a remote load
-        // costs hundreds of cycles; one at a time they added up to 2 us at
-        // eight ranks).
-        let load = |r: u32| {
-            if r < size {
-                x.load4(smem, parity, r, group)
-            } else {
-                [0; 4]
-            }
-        };
-        let add = |c: [u32; 4], q: [u32; 4]| [c[0] + q[0], c[1] + q[1], c[2] + q[2], c[3] + q[3]];
-        while rank < size {
-            let (q0, q1, q2, q3) = (load(rank), load(rank + 1), load(rank + 2), load(rank + 3));
-            c = add(add(c, q0), add(add(q1, q2), q3));
-            rank += 4;
+        while rank < x.size() {
+            let v = x.load4(smem, parity, rank, group);
+            c = [c[0] + v[0], c[1] + v[1], c[2] + v[2], c[3] + v[3]];
+            rank += 1;
         }
         if tid == 0 {
             // Never used in a well-formed row (a crossing always exists),
@@ -898,164 +850,49 @@ unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: 
     }
 }
 
-/// Whether the element at position `i` keeps the larger key of its pair
-/// in the bitonic step (`size`, `stride`): the pair's lower position in a
-/// descending block, or its upper one in an ascending block (the network
-/// of [`crate::radix_select::bitonic_pair`]).
-#[inline(always)]
-fn keeps_max(i: u32, size: u32, stride: u32) -> bool {
-    (i & stride == 0) == (i & size == 0)
-}
-
-/// One compare-exchange of registers `a` and `b` (positions `ia < ib`).
-#[inline(always)]
-fn exchange(v: &mut [u64; 4], a: usize, b: usize, ia: u32, size: u32, stride: u32) {
-    let (x, y) = (v[a], v[b]);
-    let (hi, lo) = (x.max(y), x.min(y));
-    let up = keeps_max(ia, size, stride);
-    v[a] = if up { hi } else { lo };
-    v[b] = if up { lo } else { hi };
-}
-
-/// Sorts the first `n` gathered keys descending: a bitonic network over
-/// `len`, the next power of two (at least 32), the rest padded with 0,
-/// below every key.
-///
-/// The keys live in registers: thread `t < width` holds positions
-/// `t, t + width, ..` (`len / width` of them, at most 4). A step whose
-/// stride is below 32 exchanges through warp shuffles, one of at least
-/// `width` within a thread's registers; only strides from 32 to `width / 2`
-/// go through shared memory, in runs that store the registers once, take
-/// one barrier per step and load them back. At `len <= 64` (k up to about
-/// 60) the sort is one warp's and takes no barrier; at 1024 it takes 19
-/// instead of the 55 of a network in shared memory throughout.
+/// Sorts the first `n` gathered keys descending (bitonic network over the
+/// next power of two, padded with 0, below every key).
 ///
 /// # Safety
 /// Every thread of the block calls it; `n <= GATHER_CAP`.
 #[inline(always)]
 unsafe fn sort_gathered(smem: Smem, n: u32) {
-    // `$body` once for each register `$j` in 0..4, written out (a loop
-    // over the array would keep it in local memory).
-    macro_rules! each_register {
-        ($j:ident => $body:block) => {{
-            {
-                let $j: usize = 0;
-                $body
-            }
-            {
-                let $j: usize = 1;
-                $body
-            }
-            {
-                let $j: usize = 2;
-                $body
-            }
-            {
-                let $j: usize = 3;
-                $body
-            }
-        }};
-    }
     let tid = arch::thread_idx_x();
     let buf = smem.gather();
-    let len = n.max(32).next_power_of_two();
-    let width = (len / 2).clamp(32, THREADS);
-    let per = len / width;
-    // Warp-uniform: `width` is a multiple of 32.
-    let holds = tid < width;
-    let at = |j: usize| j as u32 * width + tid;
-    let mut v = [0u64; 4];
-    // SAFETY: positions below `len <= GATHER_CAP`; every shared-memory
-    // exchange is fenced by the barriers below.
+    let n_pow2 = if n <= 2 {
+        2
+    } else {
+        1u32 << (32 - (n - 1).leading_zeros())
+    };
+    // SAFETY: positions below n_pow2 <= GATHER_CAP; a barrier after the
+    // padding and after every step.
     unsafe {
-        if holds {
-            each_register!(j => {
-                if (j as u32) < per && at(j) < n {
-                    v[j] = *buf.add(at(j) as usize);
-                }
-            });
+        let mut i = n + tid;
+        while i < n_pow2 {
+            *buf.add(i as usize) = 0;
+            i += THREADS;
         }
+        arch::bar_sync();
         let mut size = 2;
-        while size <= len {
+        while size <= n_pow2 {
             let mut stride = size / 2;
             while stride > 0 {
-                if stride >= width {
-                    // Partners in this thread's registers: j and j ^ d.
-                    if holds {
-                        if stride == width {
-                            exchange(&mut v, 0, 1, at(0), size, stride);
-                            exchange(&mut v, 2, 3, at(2), size, stride);
-                        } else {
-                            exchange(&mut v, 0, 2, at(0), size, stride);
-                            exchange(&mut v, 1, 3, at(1), size, stride);
-                        }
+                let mut i = tid;
+                while i < n_pow2 / 2 {
+                    let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                    let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
+                    let (a, b) = (*pa, *pb);
+                    if (a < b) == desc && a != b {
+                        *pa = b;
+                        *pb = a;
                     }
-                    stride /= 2;
-                } else if stride >= 32 {
-                    // A run of steps through shared memory, down to 32.
-                    if holds {
-                        each_register!(j => {
-                            if (j as u32) < per {
-                                *buf.add(at(j) as usize) = v[j];
-                            }
-                        });
-                    }
-                    arch::bar_sync();
-                    while stride >= 32 {
-                        let mut i = tid;
-                        while i < len / 2 {
-                            let (lo, hi, desc) = bitonic_pair(i, size, stride);
-                            let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
-                            let (a, b) = (*pa, *pb);
-                            if (a < b) == desc && a != b {
-                                *pa = b;
-                                *pb = a;
-                            }
-                            i += THREADS;
-                        }
-                        arch::bar_sync();
-                        stride /= 2;
-                    }
-                    if holds {
-                        each_register!(j => {
-                            if (j as u32) < per {
-                                v[j] = *buf.add(at(j) as usize);
-                            }
-                        });
-                    }
-                } else {
-                    // Partners in the same warp, `stride` lanes apart
-                    // (`per` is uniform: every lane shuffles alike).
-                    if holds {
-                        each_register!(j => {
-                            if (j as u32) < per {
-                                let x = v[j];
-                                let lo = arch::shfl_bfly_u32(x as u32, stride);
-                                let hi = arch::shfl_bfly_u32((x >> 32) as u32, stride);
-                                let other = (u64::from(hi) << 32) | u64::from(lo);
-                                v[j] = if keeps_max(at(j), size, stride) {
-                                    x.max(other)
-                                } else {
-                                    x.min(other)
-                                };
-                            }
-                        });
-                    }
-                    stride /= 2;
+                    i += THREADS;
                 }
+                arch::bar_sync();
+                stride /= 2;
             }
             size *= 2;
         }
-        // Every thread's reads of the last shared-memory run are done
-        // before any write-back (a barrier follows each step of a run).
-        if holds {
-            each_register!(j => {
-                if (j as u32) < per {
-                    *buf.add(at(j) as usize) = v[j];
-                }
-            });
-        }
-        arch::bar_sync();
     }
 }
 
