@@ -9,7 +9,8 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use flashsample_kernels::params::{
-    FUSED_BLOCK_V, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams, fused_smem_bytes,
+    FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
+    fused_smem_bytes,
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
@@ -68,13 +69,16 @@ impl HeadShape {
         if self.vocab == 0 || self.vocab as u64 > MAX_VOCAB {
             return Err(param("vocab", self.vocab));
         }
-        if self.dim == 0 || !self.dim.is_multiple_of(8) || self.dim > u32::MAX as usize / 2 {
+        if self.dim == 0 || !self.dim.is_multiple_of(8) || self.dim > FUSED_MAX_STRIDE as usize {
             return Err(param(
                 "dim",
-                format_args!("{} (a positive multiple of 8)", self.dim),
+                format_args!("{} (a positive multiple of 8, at most 2^24)", self.dim),
             ));
         }
-        if self.hidden_stride < self.dim || !self.hidden_stride.is_multiple_of(8) {
+        if self.hidden_stride < self.dim
+            || !self.hidden_stride.is_multiple_of(8)
+            || self.hidden_stride > FUSED_MAX_STRIDE as usize
+        {
             return Err(param("hidden_stride", self.hidden_stride));
         }
         let need_h = (self.batch - 1)

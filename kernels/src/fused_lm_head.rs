@@ -43,7 +43,7 @@
 
 use crate::arch;
 use crate::block::Lse2;
-use crate::mma_layout::{CHUNKS, a_row, b_row, c_pos, swz};
+use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_STAGES,
     FUSED_THREADS, FusedParams, fused_stage_bytes,
@@ -51,7 +51,7 @@ use crate::params::{
 use crate::race::Race;
 use crate::sample;
 
-const _: () = assert!(FUSED_BLOCK_K * 2 == crate::mma_layout::ROW_BYTES);
+const _: () = assert!(FUSED_BLOCK_K * 2 == ROW_BYTES);
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
@@ -166,97 +166,128 @@ impl Mma for F16 {
     }
 }
 
-/// Issues the `cp.async` copies of k-block `kb` of the vocabulary tile
-/// starting at global token `v0` and batch tile `b0` into stage buffer
-/// `stage` (shared address): the tile's LM-head rows (tokens outside the
-/// shard `[vocab_offset, vocab_offset + vocab)` zero-filled), then its
-/// hidden-state rows.
-///
-/// # Safety
-/// The kernel's launch contract.
-#[inline(always)]
-unsafe fn load_stage<const NB: u32>(
-    stage: u32,
-    hidden: *const u16,
-    weight: *const u16,
-    p: &FusedParams,
-    v0: u32,
-    b0: u32,
-    kb: u32,
-) {
-    let k0 = kb * FUSED_BLOCK_K;
-    // SAFETY: forwarded contract; the LM head has `vocab` rows of `dim`,
-    // the hidden states `batch` rows `hidden_stride` apart.
-    unsafe {
-        copy_rows(
-            stage,
-            weight,
-            FUSED_BLOCK_V,
-            v0,
-            p.vocab_offset,
-            p.vocab,
-            p.dim as usize,
-            k0,
-            p.dim,
-        );
-        copy_rows(
-            stage + FUSED_BLOCK_V * CHUNKS * 16,
-            hidden,
-            NB,
-            b0,
-            0,
-            p.batch,
-            p.hidden_stride as usize,
-            k0,
-            p.dim,
-        );
+/// Rows one pass of the block's copies covers: each thread copies one
+/// 16-byte chunk of a row, [`CHUNKS`] threads per row.
+const PASS_ROWS: u32 = FUSED_THREADS / CHUNKS;
+const _: () =
+    assert!(FUSED_THREADS.is_multiple_of(CHUNKS) && FUSED_BLOCK_V.is_multiple_of(PASS_ROWS));
+
+/// A thread's `cp.async` copies of one staged tile (the LM-head rows of a
+/// vocabulary tile, or the hidden-state rows of the batch tile): chunk
+/// column `tid % CHUNKS` of tile rows `r0, r0 + PASS_ROWS, ..` (`N` of
+/// them), `r0 = tid / CHUNKS`. Addresses and row bounds are formed once
+/// (per tile for the LM head, per launch for the hidden states), so a
+/// k-block's copy costs an add, a compare and the `cp.async`; formed per
+/// copy (an index division, bounds tests, 64-bit address products) they
+/// took about 23 instructions each, 140 issue slots per thread and stage.
+#[derive(Clone, Copy)]
+struct RowCopies<const N: u32> {
+    /// Shared byte offset, inside a stage, of copy 0's chunk.
+    dst: u32,
+    /// Global address of the tile's row 0, column 0 (block-uniform; formed
+    /// with wrapping arithmetic: row 0 may lie outside the source).
+    base: *const u16,
+    /// Elements from `base` to copy 0's chunk at k = 0.
+    off: u32,
+    /// Elements between the rows of consecutive copies.
+    step: u32,
+    /// Bit `i`: copy `i`'s row lies in the tile (else it is not issued).
+    present: u32,
+    /// Bit `i`: copy `i`'s row lies in the source (else it zero-fills).
+    inside: u32,
+    /// The chunk's first column inside a k-block.
+    col: u32,
+}
+
+impl<const N: u32> RowCopies<N> {
+    /// The copies of tile rows `0 .. rows` (global rows `first ..`) into
+    /// the stage region at byte offset `region`, where `src` holds rows
+    /// `lo .. lo + count` `stride` elements apart. Offsets inside a tile
+    /// are 32-bit (a tile spans at most 128 rows of a stride below 2^24
+    /// elements); the tile's base is the same for the whole block, so
+    /// each thread keeps one 32-bit offset instead of 64-bit addresses.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn new(
+        region: u32,
+        src: *const u16,
+        rows: u32,
+        first: u32,
+        lo: u32,
+        count: u32,
+        stride: u32,
+    ) -> Self {
+        let tid = arch::thread_idx_x();
+        // `% PASS_ROWS` tells the compiler r0 < PASS_ROWS (the block has
+        // FUSED_THREADS threads), so full tiles fold `present` away.
+        let (r0, c) = ((tid / CHUNKS) % PASS_ROWS, tid % CHUNKS);
+        let (mut present, mut inside) = (0, 0);
+        let mut i = 0;
+        while i < N {
+            let r = r0 + i * PASS_ROWS;
+            if r < rows {
+                present |= 1 << i;
+                if (first + r).wrapping_sub(lo) < count {
+                    inside |= 1 << i;
+                }
+            }
+            i += 1;
+        }
+        let row0 = src.wrapping_sub(lo as usize * stride as usize);
+        RowCopies {
+            dst: region + swz(r0, c),
+            base: row0.wrapping_add(first as usize * stride as usize),
+            off: r0 * stride + c * 8,
+            step: PASS_ROWS * stride,
+            present,
+            inside,
+            col: c * 8,
+        }
+    }
+
+    /// Issues the copies of k-block columns `k0 .. k0 + FUSED_BLOCK_K`
+    /// into the stage at shared address `stage`; columns at or past `dim`
+    /// and rows outside the source zero-fill, reading from `fallback`
+    /// nothing.
+    ///
+    /// # Safety
+    /// The source of [`RowCopies::new`] holds its rows with `dim` readable
+    /// (16-byte aligned, `dim` a multiple of 8); `fallback` is readable;
+    /// the stage region has room for the tile.
+    #[inline(always)]
+    unsafe fn issue(&self, stage: u32, k0: u32, dim: u32, fallback: *const u16) {
+        let k_ok = k0 + self.col < dim;
+        let mut i = 0;
+        while i < N {
+            if (self.present >> i) & 1 != 0 {
+                let ok = k_ok && (self.inside >> i) & 1 != 0;
+                let from = if ok {
+                    self.base
+                        .wrapping_add((self.off + i * self.step + k0) as usize)
+                } else {
+                    fallback
+                };
+                // SAFETY: in bounds when `ok` (the row lies in the source,
+                // k0 + col + 8 <= dim); otherwise 0 bytes are read.
+                unsafe {
+                    arch::cp_async_cg_16(
+                        stage + self.dst + i * PASS_ROWS * ROW_BYTES,
+                        from as *const u8,
+                        if ok { 16 } else { 0 },
+                    )
+                };
+            }
+            i += 1;
+        }
     }
 }
 
-/// `cp.async` of columns `k0 .. k0 + FUSED_BLOCK_K` of rows
-/// `first .. first + rows` into the swizzled tile at shared address `dst`,
-/// where `src` holds rows `lo .. lo + count` (`stride` elements apart);
-/// other rows and columns at or past `dim` are zero-filled, reading nothing.
-/// (Addresses are formed from `src` shifted back to row 0, which kept the
-/// per-row address math as cheap as in the unsharded form: ptxas's
-/// register count rose by 6 when rows were made relative to `lo` first.)
-///
-/// # Safety
-/// `src` holds `count` rows of `stride` elements with `dim` readable,
-/// 16-byte aligned, `dim` a multiple of 8; `dst` has room for `rows`
-/// staged rows.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn copy_rows(
-    dst: u32,
-    src: *const u16,
-    rows: u32,
-    first: u32,
-    lo: u32,
-    count: u32,
-    stride: usize,
-    k0: u32,
-    dim: u32,
-) {
-    let row0 = src.wrapping_sub(lo as usize * stride);
-    let mut q = arch::thread_idx_x();
-    while q < rows * CHUNKS {
-        let (r, c) = (q / CHUNKS, q % CHUNKS);
-        let (row, k) = (first + r, k0 + c * 8);
-        let ok = row.wrapping_sub(lo) < count && k < dim;
-        // SAFETY: in bounds when `ok` (lo <= row < lo + count, k + 8 <= dim
-        // since dim is a multiple of 8); otherwise 0 bytes are read.
-        unsafe {
-            let from = if ok {
-                row0.wrapping_add(row as usize * stride + k as usize)
-            } else {
-                src
-            };
-            arch::cp_async_cg_16(dst + swz(r, c), from as *const u8, if ok { 16 } else { 0 });
-        }
-        q += FUSED_THREADS;
-    }
-}
+/// Copies a thread issues per stage for the LM-head tile, and at most for
+/// a batch tile (64 rows; smaller tiles leave copies absent, which folds
+/// away at 32 rows).
+const W_COPIES: u32 = FUSED_BLOCK_V / PASS_ROWS;
+const H_COPIES: u32 = 2;
+const _: () = assert!(64 <= H_COPIES * PASS_ROWS);
 
 /// One k-block of the warp's 16 x NB logits: four k16 steps, an A fragment
 /// of 16 vocabulary rows and `NB / 8` B fragments of batch rows each.
@@ -338,10 +369,29 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let lo = p.vocab_offset;
     let bias_g = bias.wrapping_sub(lo as usize);
     let first_tile = lo / FUSED_BLOCK_V;
+    // The batch tile's hidden-state rows, the same for every tile.
+    let h_copy = RowCopies::<H_COPIES>::new(
+        FUSED_BLOCK_V * ROW_BYTES,
+        hidden,
+        NB,
+        b0,
+        0,
+        p.batch,
+        // At most FUSED_MAX_STRIDE (the host checks).
+        p.hidden_stride as u32,
+    );
     let mut tile = arch::block_idx_y();
     while tile < p.tiles {
         // Global index of the tile's first token.
         let v0 = (first_tile + tile) * FUSED_BLOCK_V;
+        let w_copy = RowCopies::<W_COPIES>::new(0, weight, FUSED_BLOCK_V, v0, lo, p.vocab, p.dim);
+        // SAFETY (of the calls): the launch contract covers the rows; the
+        // stages lie inside the dynamic shared memory.
+        let load_stage = |stage: u32, kb: u32| unsafe {
+            let k0 = kb * FUSED_BLOCK_K;
+            w_copy.issue(stage, k0, p.dim, weight);
+            h_copy.issue(stage, k0, p.dim, hidden);
+        };
         let mut acc = [[0.0f32; 4]; NT];
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
@@ -349,7 +399,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
             let mut s = 0;
             while s < FUSED_STAGES - 1 {
                 if s < nk {
-                    load_stage::<NB>(smem0 + s * stage_bytes, hidden, weight, &p, v0, b0, s);
+                    load_stage(smem0 + s * stage_bytes, s);
                 }
                 arch::cp_async_commit_group();
                 s += 1;
@@ -361,15 +411,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 mma_stage::<M, NB, NT>(smem0 + (kb % FUSED_STAGES) * stage_bytes, &mut acc);
                 let next = kb + FUSED_STAGES - 1;
                 if next < nk {
-                    load_stage::<NB>(
-                        smem0 + (next % FUSED_STAGES) * stage_bytes,
-                        hidden,
-                        weight,
-                        &p,
-                        v0,
-                        b0,
-                        next,
-                    );
+                    load_stage(smem0 + (next % FUSED_STAGES) * stage_bytes, next);
                 }
                 arch::cp_async_commit_group();
                 kb += 1;

@@ -89,7 +89,8 @@ pub struct LaunchBounds {
 /// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
 /// spills) and the Qrita pre-filter pass at
 /// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
-/// no spills).
+/// no spills), and the fused sampler at [`params::FUSED_BLOCKS_PER_SM`]
+/// (at most 128 registers; 137 would leave one block per SM).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",
@@ -105,6 +106,36 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "topk_topp_filter_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b16",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b32",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b64",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b16",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b32",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b64",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
     },
 ];
 

@@ -88,6 +88,14 @@ pub const FUSED_BLOCK_K: u32 = 64;
 pub const FUSED_STAGES: u32 = 3;
 /// Threads per block of the fused sampler.
 pub const FUSED_THREADS: u32 = 256;
+/// Resident blocks per SM the fused sampler's registers are fitted to
+/// (its shared memory allows 2 to 3).
+pub const FUSED_BLOCKS_PER_SM: u32 = 2;
+/// Largest `dim` and `hidden_stride` (elements) of the fused sampler: it
+/// forms the offsets of its copies inside a tile in 32 bits,
+/// `FUSED_BLOCK_V * stride + dim < 2^32`.
+pub const FUSED_MAX_STRIDE: u32 = 1 << 24;
+const _: () = assert!((FUSED_BLOCK_V as u64 + 1) * FUSED_MAX_STRIDE as u64 <= u32::MAX as u64);
 /// Words of one row of the logits staging tile (padded against bank
 /// conflicts).
 pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
