@@ -45,8 +45,8 @@ use crate::arch;
 use crate::block::Lse2;
 use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
-    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_STAGES,
-    FUSED_THREADS, FusedParams, fused_stage_bytes,
+    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
+    fused_stage_bytes, fused_stages,
 };
 use crate::race::Race;
 use crate::sample;
@@ -289,6 +289,40 @@ const W_COPIES: u32 = FUSED_BLOCK_V / PASS_ROWS;
 const H_COPIES: u32 = 2;
 const _: () = assert!(64 <= H_COPIES * PASS_ROWS);
 
+/// Issues a tile's first `stages - 1` k-blocks (LM-head copies `w`,
+/// hidden-state copies `h`) into stages `0 .. stages - 1` at shared
+/// address `smem0`, one commit group each (empty past `nk`).
+///
+/// # Safety
+/// As [`RowCopies::issue`], for `weight` and `hidden`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn prologue(
+    w: &RowCopies<W_COPIES>,
+    h: &RowCopies<H_COPIES>,
+    smem0: u32,
+    stages: u32,
+    stage_bytes: u32,
+    nk: u32,
+    p: &FusedParams,
+    weight: *const u16,
+    hidden: *const u16,
+) {
+    let mut s = 0;
+    while s < stages - 1 {
+        if s < nk {
+            let (stage, k0) = (smem0 + s * stage_bytes, s * FUSED_BLOCK_K);
+            // SAFETY: forwarded.
+            unsafe {
+                w.issue(stage, k0, p.dim, weight);
+                h.issue(stage, k0, p.dim, hidden);
+            }
+        }
+        arch::cp_async_commit_group();
+        s += 1;
+    }
+}
+
 /// One k-block of the warp's 16 x NB logits: four k16 steps, an A fragment
 /// of 16 vocabulary rows and `NB / 8` B fragments of batch rows each.
 ///
@@ -337,9 +371,11 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let smem = arch::dynamic_shared::<Align16>() as *mut u8;
     let smem0 = arch::smem_addr(smem);
     let stage_bytes = fused_stage_bytes(NB);
+    let stages = fused_stages(NB);
+    let overlap = NB <= 32;
     // SAFETY: the staging tile sits after the pipeline stages, inside the
     // dynamic shared memory the launch provides (fused_smem_bytes).
-    let cs = unsafe { smem.add((FUSED_STAGES * stage_bytes) as usize) } as *mut f32;
+    let cs = unsafe { smem.add((stages * stage_bytes) as usize) } as *mut f32;
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
 
     // Epilogue role: batch row `eb` of the tile, token slot `slot`.
@@ -396,22 +432,36 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
         unsafe {
-            let mut s = 0;
-            while s < FUSED_STAGES - 1 {
-                if s < nk {
-                    load_stage(smem0 + s * stage_bytes, s);
-                }
-                arch::cp_async_commit_group();
-                s += 1;
+            // The tile's first k-blocks, one commit group each (issued
+            // during the previous tile's epilogue where `overlap`).
+            if !overlap || tile == arch::block_idx_y() {
+                prologue(
+                    &w_copy,
+                    &h_copy,
+                    smem0,
+                    stages,
+                    stage_bytes,
+                    nk,
+                    &p,
+                    weight,
+                    hidden,
+                );
             }
             let mut kb = 0;
             while kb < nk {
-                arch::cp_async_wait_group::<{ FUSED_STAGES - 2 }>();
+                // All but the newest `stages - 2` groups complete: k-block
+                // `kb` has landed (`stages` is the tile size's constant,
+                // so this folds to one instruction).
+                match stages {
+                    5 => arch::cp_async_wait_group::<3>(),
+                    4 => arch::cp_async_wait_group::<2>(),
+                    _ => arch::cp_async_wait_group::<1>(),
+                }
                 arch::bar_sync();
-                mma_stage::<M, NB, NT>(smem0 + (kb % FUSED_STAGES) * stage_bytes, &mut acc);
-                let next = kb + FUSED_STAGES - 1;
+                mma_stage::<M, NB, NT>(smem0 + (kb % stages) * stage_bytes, &mut acc);
+                let next = kb + stages - 1;
                 if next < nk {
-                    load_stage(smem0 + (next % FUSED_STAGES) * stage_bytes, next);
+                    load_stage(smem0 + (next % stages) * stage_bytes, next);
                 }
                 arch::cp_async_commit_group();
                 kb += 1;
@@ -431,6 +481,36 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 }
             }
             arch::bar_sync();
+
+            // Every warp is past its last read of the stages: the next
+            // tile's first k-blocks stream in during this tile's epilogue
+            // instead of after it. (Not at batch tiles of 64 rows, which
+            // compute more than they stream: there the copies' registers,
+            // kept across the epilogue, spilled.)
+            let next = tile + arch::grid_dim_y();
+            if overlap && next < p.tiles {
+                let v_next = (first_tile + next) * FUSED_BLOCK_V;
+                let w_next = RowCopies::<W_COPIES>::new(
+                    0,
+                    weight,
+                    FUSED_BLOCK_V,
+                    v_next,
+                    lo,
+                    p.vocab,
+                    p.dim,
+                );
+                prologue(
+                    &w_next,
+                    &h_copy,
+                    smem0,
+                    stages,
+                    stage_bytes,
+                    nk,
+                    &p,
+                    weight,
+                    hidden,
+                );
+            }
 
             // Epilogue: whole warps are active or idle (NB * SLOTS is a
             // multiple of 32), so the shuffles below see full warps.

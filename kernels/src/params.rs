@@ -84,8 +84,18 @@ const _: () = assert!(core::mem::align_of::<FusedParams>() == 8);
 pub const FUSED_BLOCK_V: u32 = 128;
 /// Hidden-dimension elements per pipeline stage.
 pub const FUSED_BLOCK_K: u32 = 64;
-/// Pipeline stages (`cp.async` groups in flight: `FUSED_STAGES - 1`).
-pub const FUSED_STAGES: u32 = 3;
+/// Pipeline stages of `fused_sample_*_b{block_b}` (`cp.async` groups in
+/// flight: one fewer): as many as leave two blocks per SM in shared
+/// memory (5 / 4 / 3 for batch tiles of 16 / 32 / 64 rows: 98 / 96 / 105
+/// KiB), so that small batches, which only stream the LM head, keep 128 /
+/// 96 KiB of it in flight per SM instead of 64.
+pub const fn fused_stages(block_b: u32) -> u32 {
+    match block_b {
+        0..=16 => 5,
+        17..=32 => 4,
+        _ => 3,
+    }
+}
 /// Threads per block of the fused sampler.
 pub const FUSED_THREADS: u32 = 256;
 /// Resident blocks per SM the fused sampler's registers are fitted to
@@ -96,6 +106,11 @@ pub const FUSED_BLOCKS_PER_SM: u32 = 2;
 /// `FUSED_BLOCK_V * stride + dim < 2^32`.
 pub const FUSED_MAX_STRIDE: u32 = 1 << 24;
 const _: () = assert!((FUSED_BLOCK_V as u64 + 1) * FUSED_MAX_STRIDE as u64 <= u32::MAX as u64);
+// Two blocks per SM fit the 228 KiB of an sm_90 SM (1 KiB reserved per
+// block) at every batch tile.
+const _: () = assert!(2 * (fused_smem_bytes(16) + 1024) <= 228 * 1024);
+const _: () = assert!(2 * (fused_smem_bytes(32) + 1024) <= 228 * 1024);
+const _: () = assert!(2 * (fused_smem_bytes(64) + 1024) <= 228 * 1024);
 /// Words of one row of the logits staging tile (padded against bank
 /// conflicts).
 pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
@@ -112,7 +127,7 @@ pub const fn fused_stage_bytes(block_b: u32) -> u32 {
 
 /// Dynamic shared memory of `fused_sample_*_b{block_b}`.
 pub const fn fused_smem_bytes(block_b: u32) -> u32 {
-    FUSED_STAGES * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
+    fused_stages(block_b) * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
 }
 
 /// Elements of a row one block of the chunked `topk_topp_*` passes
