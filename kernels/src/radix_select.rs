@@ -473,9 +473,14 @@ pub const MODE_SAMPLE: u32 = 2;
 /// Threads per CTA of the radix kernels.
 pub const RADIX_THREADS: u32 = 512;
 
+/// Bytes of a CTA's reduced histogram slice in a cluster of at least two
+/// (at most half of the [`BUCKETS`] counts), plus 16 for the slice total.
+pub const RADIX_SLICE_BYTES: u32 = BUCKETS / 2 * 4 + 16;
+
 /// Dynamic shared memory of a radix CTA before its chunk cache: two
-/// histograms, the gather buffer and 512 bytes of reduction scratch.
-pub const RADIX_FIXED_SMEM: u32 = 2 * BUCKETS * 4 + GATHER_CAP * 8 + 512;
+/// histograms, the gather buffer, 512 bytes of reduction scratch and the
+/// reduced histogram slice.
+pub const RADIX_FIXED_SMEM: u32 = 2 * BUCKETS * 4 + GATHER_CAP * 8 + 512 + RADIX_SLICE_BYTES;
 
 /// Dynamic shared memory of a radix CTA caching `cache_slots` elements.
 pub const fn radix_smem_bytes(cache_slots: u32) -> u32 {

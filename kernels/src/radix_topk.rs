@@ -75,6 +75,8 @@ struct Quad([u32; 4]);
 const HIST_BYTES: usize = BUCKETS as usize * 4;
 const GATHER_OFF: usize = 2 * HIST_BYTES;
 const SCRATCH_OFF: usize = GATHER_OFF + GATHER_CAP as usize * 8;
+const SLICE_OFF: usize = SCRATCH_OFF + 512;
+const SLICE_TOTAL_OFF: usize = SLICE_OFF + BUCKETS as usize / 2 * 4;
 const CACHE_OFF: usize = RADIX_FIXED_SMEM as usize;
 // Scratch: per-warp scan partials (u64), then control words (u32).
 const CTL_OFF: usize = SCRATCH_OFF + WARPS as usize * 8;
@@ -85,7 +87,8 @@ const CTL_GATHERED: usize = 3;
 const CTL_MASS: usize = 4; // a u64 in words 4 and 5
 const CTL_WORDS: usize = 6;
 
-const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= CACHE_OFF);
+const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= SLICE_OFF);
+const _: () = assert!(SLICE_TOTAL_OFF + 16 == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
 const _: () = assert!(CACHE_OFF.is_multiple_of(16) && GATHER_OFF.is_multiple_of(16));
 const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_multiple_of(8));
 
@@ -122,6 +125,21 @@ impl Smem {
     fn ctl(self, word: usize) -> *mut u32 {
         // SAFETY (of the offset): inside the fixed part.
         unsafe { (self.0.add(CTL_OFF) as *mut u32).add(word) }
+    }
+
+    /// The reduced histogram slice this CTA owns in a cluster (groups of
+    /// four counts, at most `BUCKETS / 8` of them).
+    #[inline(always)]
+    fn slice(self) -> *mut Quad {
+        // SAFETY (of the offset): inside the fixed part.
+        unsafe { self.0.add(SLICE_OFF) as *mut Quad }
+    }
+
+    /// The total of the reduced slice.
+    #[inline(always)]
+    fn slice_total(self) -> *mut u32 {
+        // SAFETY (of the offset): inside the fixed part.
+        unsafe { self.0.add(SLICE_TOTAL_OFF) as *mut u32 }
     }
 
     #[inline(always)]
@@ -205,6 +223,19 @@ trait Exchange {
     /// # Safety
     /// After the [`Exchange::share`] of `parity`, before the next one.
     unsafe fn load4(&self, smem: Smem, parity: u32, rank: u32, group: u32) -> [u32; 4];
+    /// The crossing of the pass of `parity` from every CTA's histogram;
+    /// every CTA finds the same.
+    ///
+    /// # Safety
+    /// Every thread of every CTA of the row calls it after the pass's
+    /// [`Exchange::share`].
+    unsafe fn crossing(&self, smem: Smem, parity: u32, need: u32) -> Crossing
+    where
+        Self: Sized,
+    {
+        // SAFETY: forwarded.
+        unsafe { find_crossing(self, smem, parity, need) }
+    }
     /// Reserves `n` positions of the row's gather buffer.
     ///
     /// # Safety
@@ -321,6 +352,17 @@ impl Exchange for Dsmem {
         // SAFETY: 16-byte aligned; every CTA of the cluster runs until the
         // row's last cluster barrier, after every read.
         unsafe { arch::ld_shared_cluster_v4_u32(remote) }
+    }
+    #[inline(always)]
+    unsafe fn crossing(&self, smem: Smem, parity: u32, need: u32) -> Crossing {
+        // SAFETY: forwarded.
+        unsafe {
+            if self.size() == 1 {
+                find_crossing(self, smem, parity, need)
+            } else {
+                find_crossing_split(self, smem, parity, need)
+            }
+        }
     }
     #[inline(always)]
     unsafe fn reserve(&self, smem: Smem, n: u32) -> u32 {
@@ -745,6 +787,12 @@ unsafe fn refine_pass(chunk: &Chunk, smem: Smem, hist: *mut u32, sel: &RadixSele
     counter.flush();
 }
 
+/// Adds two groups of four counts.
+#[inline(always)]
+fn add4(a: [u32; 4], b: [u32; 4]) -> [u32; 4] {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+}
+
 /// The crossing of this pass from every CTA's histogram of `parity`: thread
 /// `t` sums digit group `BUCKETS / 4 - 1 - t` over the CTAs, so that a scan
 /// in thread order counts the keys in higher groups.
@@ -753,27 +801,40 @@ unsafe fn refine_pass(chunk: &Chunk, smem: Smem, hist: *mut u32, sel: &RadixSele
 /// Every thread of every CTA calls it after the pass's `share`.
 #[inline(always)]
 unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) -> Crossing {
-    let tid = arch::thread_idx_x();
-    let group = BUCKETS / 4 - 1 - tid;
+    let group = BUCKETS / 4 - 1 - arch::thread_idx_x();
     let mut c = [0u32; 4];
     let mut rank = 0;
-    // SAFETY: the caller's contract; control words of this block, written
-    // before the scan's barriers and read after the next barrier.
+    // SAFETY: the caller's contract.
     unsafe {
         while rank < x.size() {
-            let v = x.load4(smem, parity, rank, group);
-            c = [c[0] + v[0], c[1] + v[1], c[2] + v[2], c[3] + v[3]];
+            c = add4(c, x.load4(smem, parity, rank, group));
             rank += 1;
         }
-        if tid == 0 {
-            // Never used in a well-formed row (a crossing always exists),
-            // but keeps a malformed one deterministic.
+        settle_crossing(smem, c, group, 0, need)
+    }
+}
+
+/// The crossing from this thread's counts `c` of digit group `group`
+/// (thread `t` holding group `BUCKETS / 4 - 1 - t`, or zeros), with `base`
+/// keys above every group the threads hold: the thread whose group holds
+/// it publishes it, every thread returns it (all zeros when no group
+/// does, which a well-formed row never sees but keeps a malformed one
+/// deterministic).
+///
+/// # Safety
+/// Every thread of the block calls it; control words of this block, written
+/// before the scan's barriers and read after the next barrier.
+#[inline(always)]
+unsafe fn settle_crossing(smem: Smem, c: [u32; 4], group: u32, base: u32, need: u32) -> Crossing {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if arch::thread_idx_x() == 0 {
             *smem.ctl(CTL_DIGIT) = 0;
             *smem.ctl(CTL_ABOVE) = 0;
             *smem.ctl(CTL_COUNT) = 0;
         }
         let (above, _) = block_scan(u64::from(c[0] + c[1] + c[2] + c[3]), smem);
-        if let Some(found) = crossing_in_group(c, group, above as u32, need) {
+        if let Some(found) = crossing_in_group(c, group, base + above as u32, need) {
             *smem.ctl(CTL_DIGIT) = found.digit;
             *smem.ctl(CTL_ABOVE) = found.above;
             *smem.ctl(CTL_COUNT) = found.count;
@@ -784,6 +845,99 @@ unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) 
             above: *smem.ctl(CTL_ABOVE),
             count: *smem.ctl(CTL_COUNT),
         }
+    }
+}
+
+/// [`find_crossing`] for a cluster of two or more CTAs, by reduce-scatter:
+/// each CTA sums one slice of the digit groups over every CTA's histogram
+/// (a slice of `BUCKETS / 4 / size` groups from each CTA, 8 KiB in all,
+/// instead of every CTA reading every histogram: 64 KiB per CTA at eight,
+/// which the profile showed bound by distributed shared memory, about
+/// 2 us), publishes the reduced slice and its total, then every CTA finds
+/// the slice holding the crossing from the totals and the crossing inside
+/// it from that slice alone. Integer sums: the same crossing as
+/// [`find_crossing`].
+///
+/// # Safety
+/// Every thread of every CTA of the cluster calls it after the pass's
+/// `share`. The slice is written before this call's cluster barrier and
+/// read after it; the next write is after the next pass's (or row's)
+/// `share`, which every CTA reaches only after its reads.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> Crossing {
+    const GROUPS: u32 = BUCKETS / 4;
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let (rank, size) = (x.rank(), x.size());
+    let per = GROUPS.div_ceil(size.max(1));
+    // SAFETY: the caller's contract; slice positions below `per <=
+    // GROUPS / 2` (size >= 2), remote reads of running CTAs.
+    unsafe {
+        // This CTA's slice, summed over the CTAs four loads at a time.
+        let g = rank * per + tid;
+        let mut c = [0u32; 4];
+        if tid < per && g < GROUPS {
+            let load = |r: u32| {
+                if r < size {
+                    x.load4(smem, parity, r, g)
+                } else {
+                    [0; 4]
+                }
+            };
+            let mut r = 0;
+            while r < size {
+                let (a, b, d, e) = (load(r), load(r + 1), load(r + 2), load(r + 3));
+                c = add4(add4(c, a), add4(add4(b, d), e));
+                r += 4;
+            }
+            *smem.slice().add(tid as usize) = Quad(c);
+        }
+        let (_, total) = block_scan(u64::from(c[0] + c[1] + c[2] + c[3]), smem);
+        if tid == 0 {
+            *smem.slice_total() = total as u32;
+        }
+        cluster_sync();
+
+        // The slice holding the crossing: lane l reads slice l's total;
+        // higher slices hold higher digits.
+        let remote_total = |r: u32| {
+            arch::ld_shared_cluster_v4_u32(arch::mapa_shared_cluster(
+                arch::smem_addr(smem.slice_total()),
+                r,
+            ))[0]
+        };
+        let t = if lane < size { remote_total(lane) } else { 0 };
+        let mut above = 0;
+        let mut j = 0;
+        while j < 32 {
+            let tj = arch::shfl_idx_u32(t, j);
+            if j > lane {
+                above += tj;
+            }
+            j += 1;
+        }
+        let hit = arch::ballot(lane < size && above < need && above + t >= need);
+        let (owner, base) = if hit != 0 {
+            let owner = hit.trailing_zeros();
+            (owner, arch::shfl_idx_u32(above, owner))
+        } else {
+            (size, 0)
+        };
+
+        // Thread t's group, from the owner's reduced slice when it is one
+        // of the owner's (no slice holds the crossing: all zeros).
+        let group = GROUPS - 1 - tid;
+        let first = owner * per;
+        let mut c = [0u32; 4];
+        if owner < size && group >= first && group - first < per {
+            let local = smem.slice().add((group - first) as usize) as *const u32;
+            c = arch::ld_shared_cluster_v4_u32(arch::mapa_shared_cluster(
+                arch::smem_addr(local),
+                owner,
+            ));
+        }
+        settle_crossing(smem, c, group, base, need)
     }
 }
 
@@ -1038,7 +1192,7 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
                     refine_pass(&chunk, smem, smem.hist(parity), &sel);
                 }
                 x.share(smem, parity);
-                let crossing = find_crossing(x, smem, parity, sel.need());
+                let crossing = x.crossing(smem, parity, sel.need());
                 parity ^= 1;
                 if let Some(t) = sel.advance(crossing) {
                     break t;
