@@ -289,37 +289,44 @@ const W_COPIES: u32 = FUSED_BLOCK_V / PASS_ROWS;
 const H_COPIES: u32 = 2;
 const _: () = assert!(64 <= H_COPIES * PASS_ROWS);
 
-/// Issues a tile's first `stages - 1` k-blocks (LM-head copies `w`,
-/// hidden-state copies `h`) into stages `0 .. stages - 1` at shared
-/// address `smem0`, one commit group each (empty past `nk`).
-///
-/// # Safety
-/// As [`RowCopies::issue`], for `weight` and `hidden`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn prologue(
-    w: &RowCopies<W_COPIES>,
-    h: &RowCopies<H_COPIES>,
+/// What a tile's copies need besides its LM-head copies: the pipeline's
+/// shape and the batch tile's hidden-state copies.
+#[derive(Clone, Copy)]
+struct Pipeline {
+    /// Shared address of stage 0.
     smem0: u32,
     stages: u32,
     stage_bytes: u32,
+    /// k-blocks of a tile.
     nk: u32,
-    p: &FusedParams,
+    dim: u32,
+    h: RowCopies<H_COPIES>,
     weight: *const u16,
     hidden: *const u16,
-) {
-    let mut s = 0;
-    while s < stages - 1 {
-        if s < nk {
-            let (stage, k0) = (smem0 + s * stage_bytes, s * FUSED_BLOCK_K);
-            // SAFETY: forwarded.
-            unsafe {
-                w.issue(stage, k0, p.dim, weight);
-                h.issue(stage, k0, p.dim, hidden);
+}
+
+impl Pipeline {
+    /// Issues a tile's first `stages - 1` k-blocks (LM-head copies `w`)
+    /// into stages `0 .. stages - 1`, one commit group each (empty past
+    /// `nk`).
+    ///
+    /// # Safety
+    /// As [`RowCopies::issue`], for `weight` and `hidden`.
+    #[inline(always)]
+    unsafe fn prologue(&self, w: &RowCopies<W_COPIES>) {
+        let mut s = 0;
+        while s < self.stages - 1 {
+            if s < self.nk {
+                let (stage, k0) = (self.smem0 + s * self.stage_bytes, s * FUSED_BLOCK_K);
+                // SAFETY: forwarded.
+                unsafe {
+                    w.issue(stage, k0, self.dim, self.weight);
+                    self.h.issue(stage, k0, self.dim, self.hidden);
+                }
             }
+            arch::cp_async_commit_group();
+            s += 1;
         }
-        arch::cp_async_commit_group();
-        s += 1;
     }
 }
 
@@ -416,6 +423,16 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
         // At most FUSED_MAX_STRIDE (the host checks).
         p.hidden_stride as u32,
     );
+    let pipe = Pipeline {
+        smem0,
+        stages,
+        stage_bytes,
+        nk,
+        dim: p.dim,
+        h: h_copy,
+        weight,
+        hidden,
+    };
     let mut tile = arch::block_idx_y();
     while tile < p.tiles {
         // Global index of the tile's first token.
@@ -435,17 +452,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
             // The tile's first k-blocks, one commit group each (issued
             // during the previous tile's epilogue where `overlap`).
             if !overlap || tile == arch::block_idx_y() {
-                prologue(
-                    &w_copy,
-                    &h_copy,
-                    smem0,
-                    stages,
-                    stage_bytes,
-                    nk,
-                    &p,
-                    weight,
-                    hidden,
-                );
+                pipe.prologue(&w_copy);
             }
             let mut kb = 0;
             while kb < nk {
@@ -499,17 +506,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                     p.vocab,
                     p.dim,
                 );
-                prologue(
-                    &w_next,
-                    &h_copy,
-                    smem0,
-                    stages,
-                    stage_bytes,
-                    nk,
-                    &p,
-                    weight,
-                    hidden,
-                );
+                pipe.prologue(&w_next);
             }
 
             // Epilogue: whole warps are active or idle (NB * SLOTS is a
