@@ -34,7 +34,9 @@ impl HeadElem for half::f16 {
 }
 
 /// Shape of a fused LM-head call: `hidden [batch, dim]` (rows
-/// `hidden_stride` elements apart) against `lm_head [vocab, dim]`.
+/// `hidden_stride` elements apart) against `lm_head [vocab, dim]`; `dim`
+/// and `hidden_stride` are multiples of 8 of at most 2^24 elements
+/// ([`HeadShape::validate`]), `vocab` at most 2^30.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadShape {
     pub batch: usize,
