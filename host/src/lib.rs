@@ -7,7 +7,7 @@
 //! size, position or launch shape; random numbers come from Philox4x32-10
 //! addressed by (seed, offset, vocabulary index); ties go to the lowest
 //! index; NaN counts as -inf; a row with nothing to sample is reported
-//! invalid. The [`reference`] module is the float64 CPU oracle of the same
+//! invalid. The [`reference`](mod@reference) module is the float64 CPU oracle of the same
 //! semantics and a usable CPU backend.
 
 mod backend;
