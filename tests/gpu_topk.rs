@@ -498,9 +498,6 @@ fn topk_sample_matches_float64_reference() {
     report.assert_none("top-k/top-p sampling");
 }
 
-/// Masking and sampling (one block per row) over tiny, small and large
-/// vocabularies and a strided view; the bundle runs this under
-/// compute-sanitizer.
 /// Rows whose pre-filter candidates overflow the lists (selection from the
 /// row) next to rows that fit, at V = 151936 (19 chunks) and 262144:
 /// masked sets and draws equal the reference.
@@ -526,6 +523,8 @@ fn topk_rows_whose_candidates_overflow_the_lists_match_float64_reference() {
     report.assert_none("top-k/top-p rows that overflow the lists");
 }
 
+/// Masking and sampling over tiny, small and large vocabularies and a
+/// strided view; the bundle runs this under compute-sanitizer.
 #[test]
 fn sanitize_topk_paths() {
     const TEST: &str = "sanitize_topk_paths";

@@ -306,23 +306,33 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    /// Issues a tile's first `stages - 1` k-blocks (LM-head copies `w`)
-    /// into stages `0 .. stages - 1`, one commit group each (empty past
-    /// `nk`).
+    /// Issues k-block `kb` of the tile of LM-head copies `w` (and of the
+    /// hidden states) into the stage at shared address `stage`.
     ///
     /// # Safety
     /// As [`RowCopies::issue`], for `weight` and `hidden`.
+    #[inline(always)]
+    unsafe fn load(&self, w: &RowCopies<W_COPIES>, stage: u32, kb: u32) {
+        let k0 = kb * FUSED_BLOCK_K;
+        // SAFETY: forwarded.
+        unsafe {
+            w.issue(stage, k0, self.dim, self.weight);
+            self.h.issue(stage, k0, self.dim, self.hidden);
+        }
+    }
+
+    /// Issues a tile's first `stages - 1` k-blocks into stages
+    /// `0 .. stages - 1`, one commit group each (empty past `nk`).
+    ///
+    /// # Safety
+    /// As [`Pipeline::load`].
     #[inline(always)]
     unsafe fn prologue(&self, w: &RowCopies<W_COPIES>) {
         let mut s = 0;
         while s < self.stages - 1 {
             if s < self.nk {
-                let (stage, k0) = (self.smem0 + s * self.stage_bytes, s * FUSED_BLOCK_K);
                 // SAFETY: forwarded.
-                unsafe {
-                    w.issue(stage, k0, self.dim, self.weight);
-                    self.h.issue(stage, k0, self.dim, self.hidden);
-                }
+                unsafe { self.load(w, self.smem0 + s * self.stage_bytes, s) };
             }
             arch::cp_async_commit_group();
             s += 1;
@@ -438,13 +448,6 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
         // Global index of the tile's first token.
         let v0 = (first_tile + tile) * FUSED_BLOCK_V;
         let w_copy = RowCopies::<W_COPIES>::new(0, weight, FUSED_BLOCK_V, v0, lo, p.vocab, p.dim);
-        // SAFETY (of the calls): the launch contract covers the rows; the
-        // stages lie inside the dynamic shared memory.
-        let load_stage = |stage: u32, kb: u32| unsafe {
-            let k0 = kb * FUSED_BLOCK_K;
-            w_copy.issue(stage, k0, p.dim, weight);
-            h_copy.issue(stage, k0, p.dim, hidden);
-        };
         let mut acc = [[0.0f32; 4]; NT];
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
@@ -468,7 +471,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                 mma_stage::<M, NB, NT>(smem0 + (kb % stages) * stage_bytes, &mut acc);
                 let next = kb + stages - 1;
                 if next < nk {
-                    load_stage(smem0 + (next % stages) * stage_bytes, next);
+                    pipe.load(&w_copy, smem0 + (next % stages) * stage_bytes, next);
                 }
                 arch::cp_async_commit_group();
                 kb += 1;
