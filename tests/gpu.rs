@@ -809,7 +809,8 @@ fn fused_agrees_with_unfused_pipeline() {
 }
 
 /// A row's token and log-normaliser bits do not depend on the batch (which
-/// picks the batch tile of 16, 32 or 64 rows and the grid) or its position.
+/// picks the batch tile of 16, 32, 64 or 128 rows and the grid) or its
+/// position.
 #[test]
 fn fused_is_independent_of_batch_and_position() {
     let Some((dev, stream)) = common::gpu("fused_is_independent_of_batch_and_position") else {
@@ -897,20 +898,22 @@ fn fused_chi_square_small_head() {
 
 /// The tile kernel `fused_sample` launches for `batch` rows of `T`
 /// operands (host/src/fused_lm_head.rs): that of the smallest batch tile of
-/// 16, 32 or 64 rows that holds the batch, 64 for larger batches.
+/// 16, 32, 64 or 128 rows that holds the batch, 128 for larger batches.
 fn fused_tile_kernel<T: flashsample::HeadElem>(batch: usize) -> String {
     let dtype = if T::IS_BF16 { "bf16" } else { "f16" };
     let tile = match batch {
         0..=16 => 16,
         17..=32 => 32,
-        _ => 64,
+        33..=64 => 64,
+        _ => 128,
     };
     format!("fused_sample_{dtype}_b{tile}")
 }
 
 /// Small fused cases over every variant (bf16 and f16 operands, batch tiles
-/// 16/32/64 and several batch tiles, vocabulary and k tails, bias); run
-/// under compute-sanitizer by the bundle.
+/// 16/32/64/128 and several batch tiles, vocabulary and k tails, bias, a
+/// last step of two tiles with one); run under compute-sanitizer by the
+/// bundle.
 #[test]
 fn sanitize_fused_paths() {
     const TEST: &str = "sanitize_fused_paths";
@@ -921,11 +924,15 @@ fn sanitize_fused_paths() {
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     let mut coverage = Coverage::default();
-    // (batch, vocab, dim, bias); B = 65 takes two tiles of 64 rows.
+    // (batch, vocab, dim, bias); B = 130 takes two tiles of 128 rows; V =
+    // 300 has three tiles, so the 64- and 128-row kernels' last step has
+    // one.
     for (batch, vocab, dim, bias) in [
         (1, 1, 8, false),
         (17, 129, 72, true),
+        (40, 300, 136, true),
         (65, 300, 136, false),
+        (130, 129, 64, true),
         (3, 1000, 64, true),
     ] {
         let head = Head::random(&mut rng, batch, vocab, dim, bias);
@@ -944,6 +951,7 @@ fn sanitize_fused_paths() {
         (9, 257, 40, false),
         (20, 130, 48, true),
         (40, 200, 24, false),
+        (70, 300, 24, true),
     ] {
         let head = Head::random(&mut rng, batch, vocab, dim, bias);
         let head = Head {

@@ -20,9 +20,9 @@ pub(crate) struct Kernels {
     pub gumbel_probe: CudaFunction,
     pub read_probe: CudaFunction,
     /// `fused_sample_bf16_b{16,32,64}`.
-    pub fused_bf16: [CudaFunction; 3],
+    pub fused_bf16: [CudaFunction; 4],
     /// `fused_sample_f16_b{16,32,64}`.
-    pub fused_f16: [CudaFunction; 3],
+    pub fused_f16: [CudaFunction; 4],
     pub fused_finish: CudaFunction,
     pub topk_topp_stats_f32: CudaFunction,
     pub topk_topp_plan_f32: CudaFunction,
@@ -117,11 +117,13 @@ impl Device {
                 f("fused_sample_bf16_b16")?,
                 f("fused_sample_bf16_b32")?,
                 f("fused_sample_bf16_b64")?,
+                f("fused_sample_bf16_b128")?,
             ],
             fused_f16: [
                 f("fused_sample_f16_b16")?,
                 f("fused_sample_f16_b32")?,
                 f("fused_sample_f16_b64")?,
+                f("fused_sample_f16_b128")?,
             ],
             fused_finish: f("fused_sample_finish")?,
             topk_topp_stats_f32: f("topk_topp_stats_f32")?,

@@ -10,7 +10,7 @@ use cudarc::driver::{
 };
 use flashsample_kernels::params::{
     FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
-    fused_smem_bytes,
+    fused_blocks_per_sm, fused_mtiles, fused_smem_bytes,
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
@@ -237,21 +237,24 @@ impl FusedOutput {
     }
 }
 
-/// Rows per batch tile for a batch: the smallest of 16, 32, 64 that holds
-/// it (64 for larger batches, tiled).
-fn block_b(batch: usize) -> u32 {
-    match batch {
-        0..=16 => 16,
-        17..=32 => 32,
-        _ => 64,
-    }
+/// The batch tiles of the fused kernels, in the order of
+/// `Kernels::fused_bf16` / `fused_f16` (`fused_sample_*_b{rows}`).
+pub(crate) const FUSED_BATCH_TILES: [u32; 4] = [16, 32, 64, 128];
+
+/// The batch tile for a batch, as an index into [`FUSED_BATCH_TILES`]: the
+/// smallest tile that holds it (128 rows for larger batches, tiled).
+fn batch_tile(batch: usize) -> usize {
+    FUSED_BATCH_TILES
+        .iter()
+        .position(|&b| batch <= b as usize)
+        .unwrap_or(FUSED_BATCH_TILES.len() - 1)
 }
 
-/// Resident blocks per SM of the fused kernel (256 threads of up to 128
-/// registers: two by registers; fewer if shared memory says so).
+/// Resident blocks per SM of the fused kernel: what its launch bounds fit
+/// the registers to, fewer if shared memory says so.
 fn blocks_per_sm(nb: u32) -> u32 {
     const SMEM_PER_SM: u32 = 227 * 1024;
-    (SMEM_PER_SM / fused_smem_bytes(nb)).clamp(1, 2)
+    (SMEM_PER_SM / fused_smem_bytes(nb)).clamp(1, fused_blocks_per_sm(nb))
 }
 
 fn check_align(name: &'static str, p: u64) -> Result<()> {
@@ -359,19 +362,21 @@ impl Device {
             }
             None => (0, None),
         };
-        let nb = block_b(batch);
+        let tile = batch_tile(batch);
+        let nb = FUSED_BATCH_TILES[tile];
         let k = self.kernels();
-        let func = match (T::IS_BF16, nb) {
-            (true, 16) => &k.fused_bf16[0],
-            (true, 32) => &k.fused_bf16[1],
-            (true, _) => &k.fused_bf16[2],
-            (false, 16) => &k.fused_f16[0],
-            (false, 32) => &k.fused_f16[1],
-            (false, _) => &k.fused_f16[2],
+        let funcs = if T::IS_BF16 {
+            &k.fused_bf16
+        } else {
+            &k.fused_f16
         };
+        let func = &funcs[tile];
         let batch_tiles = batch.div_ceil(nb as usize) as u32;
         let resident = blocks_per_sm(nb) * self.sm_count();
-        let ctas_v = (resident / batch_tiles.saturating_mul(share.max(1))).clamp(1, p.tiles);
+        // CTAs along the vocabulary, each looping over steps of
+        // fused_mtiles(nb) tiles.
+        let steps = p.tiles.div_ceil(fused_mtiles(nb));
+        let ctas_v = (resident / batch_tiles.saturating_mul(share.max(1))).clamp(1, steps);
         let params = input.params;
         let (t, _g4) = params.temperature.device_ptr(stream);
         let (s, _g5) = params.seed.device_ptr(stream);
@@ -455,11 +460,11 @@ const _: () = assert!(std::mem::size_of::<FusedArg>() == 48);
 /// Raises the dynamic shared memory limit of the fused kernels (they use
 /// more than the default 48 KiB).
 pub(crate) fn configure(
-    bf16: &[cudarc::driver::CudaFunction; 3],
-    f16: &[cudarc::driver::CudaFunction; 3],
+    bf16: &[cudarc::driver::CudaFunction; FUSED_BATCH_TILES.len()],
+    f16: &[cudarc::driver::CudaFunction; FUSED_BATCH_TILES.len()],
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-    for (i, nb) in [16u32, 32, 64].into_iter().enumerate() {
+    for (i, nb) in FUSED_BATCH_TILES.into_iter().enumerate() {
         bf16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
         f16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
     }
@@ -499,12 +504,17 @@ mod tests {
 
     #[test]
     fn tiles_fit_shared_memory() {
-        for nb in [16, 32, 64] {
+        for nb in FUSED_BATCH_TILES {
             assert!(fused_smem_bytes(nb) <= 227 * 1024);
             assert!(blocks_per_sm(nb) >= 1);
         }
-        assert_eq!(block_b(1), 16);
-        assert_eq!(block_b(17), 32);
-        assert_eq!(block_b(256), 64);
+        assert_eq!(blocks_per_sm(16), 2);
+        assert_eq!(blocks_per_sm(128), 1);
+        let rows = |b| FUSED_BATCH_TILES[batch_tile(b)];
+        assert_eq!(rows(1), 16);
+        assert_eq!(rows(17), 32);
+        assert_eq!(rows(64), 64);
+        assert_eq!(rows(65), 128);
+        assert_eq!(rows(256), 128);
     }
 }

@@ -26,9 +26,10 @@
 //! on shard boundaries off the tile grid): not on batch size, position,
 //! grid or the number of shards.
 //!
-//! # Launch (`fused_sample_{bf16,f16}_b{16,32,64}`)
+//! # Launch (`fused_sample_{bf16,f16}_b{16,32,64,128}`)
 //! Grid `(ceil(batch / B), ctas)` (x: batch tile of `B` rows, y: vocabulary
-//! CTAs, each looping over tiles `y, y + ctas, ...`), block
+//! CTAs, each looping over steps `y, y + ctas, ...` of
+//! [`fused_mtiles`]`(B)` consecutive tiles), block
 //! [`FUSED_THREADS`], dynamic shared memory [`fused_smem_bytes`]`(B)`
 //! (above 48 KiB: the host raises the function's limit).
 //!
@@ -46,7 +47,7 @@ use crate::block::Lse2;
 use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
-    fused_stage_bytes, fused_stages,
+    fused_mtiles, fused_stage_bytes, fused_stages,
 };
 use crate::race::Race;
 use crate::sample;
@@ -202,9 +203,9 @@ struct RowCopies<const N: u32> {
 impl<const N: u32> RowCopies<N> {
     /// The copies of tile rows `0 .. rows` (global rows `first ..`) into
     /// the stage region at byte offset `region`, where `src` holds rows
-    /// `lo .. lo + count` `stride` elements apart. Offsets inside a tile
-    /// are 32-bit (a tile spans at most 128 rows of a stride below 2^24
-    /// elements); the tile's base is the same for the whole block, so
+    /// `lo .. lo + count` `stride` elements apart. Offsets inside a step
+    /// are 32-bit (a step spans at most 256 rows of a stride of at most
+    /// 2^23 elements); the step's base is the same for the whole block, so
     /// each thread keeps one 32-bit offset instead of 64-bit addresses.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
@@ -282,17 +283,14 @@ impl<const N: u32> RowCopies<N> {
     }
 }
 
-/// Copies a thread issues per stage for the LM-head tile, and at most for
-/// a batch tile (64 rows; smaller tiles leave copies absent, which folds
-/// away at 32 rows).
+/// Copies a thread issues per stage for one LM-head tile.
 const W_COPIES: u32 = FUSED_BLOCK_V / PASS_ROWS;
-const H_COPIES: u32 = 2;
-const _: () = assert!(64 <= H_COPIES * PASS_ROWS);
 
-/// What a tile's copies need besides its LM-head copies: the pipeline's
-/// shape and the batch tile's hidden-state copies.
+/// What a step's copies need besides its LM-head copies (`WC` a thread):
+/// the pipeline's shape and the batch tile's hidden-state copies (`HC` a
+/// thread).
 #[derive(Clone, Copy)]
-struct Pipeline {
+struct Pipeline<const WC: u32, const HC: u32> {
     /// Shared address of stage 0.
     smem0: u32,
     stages: u32,
@@ -300,19 +298,19 @@ struct Pipeline {
     /// k-blocks of a tile.
     nk: u32,
     dim: u32,
-    h: RowCopies<H_COPIES>,
+    h: RowCopies<HC>,
     weight: *const u16,
     hidden: *const u16,
 }
 
-impl Pipeline {
+impl<const WC: u32, const HC: u32> Pipeline<WC, HC> {
     /// Issues k-block `kb` of the tile of LM-head copies `w` (and of the
     /// hidden states) into the stage at shared address `stage`.
     ///
     /// # Safety
     /// As [`RowCopies::issue`], for `weight` and `hidden`.
     #[inline(always)]
-    unsafe fn load(&self, w: &RowCopies<W_COPIES>, stage: u32, kb: u32) {
+    unsafe fn load(&self, w: &RowCopies<WC>, stage: u32, kb: u32) {
         let k0 = kb * FUSED_BLOCK_K;
         // SAFETY: forwarded.
         unsafe {
@@ -327,7 +325,7 @@ impl Pipeline {
     /// # Safety
     /// As [`Pipeline::load`].
     #[inline(always)]
-    unsafe fn prologue(&self, w: &RowCopies<W_COPIES>) {
+    unsafe fn prologue(&self, w: &RowCopies<WC>) {
         let mut s = 0;
         while s < self.stages - 1 {
             if s < self.nk {
@@ -340,35 +338,158 @@ impl Pipeline {
     }
 }
 
-/// One k-block of the warp's 16 x NB logits: four k16 steps, an A fragment
-/// of 16 vocabulary rows and `NB / 8` B fragments of batch rows each.
+/// `$body` with `$i` bound to each constant `0 .. $n` in turn (`$n <= 8`,
+/// known after monomorphisation, so the untaken copies fold away).
+macro_rules! unroll8 {
+    ($n:expr, $i:ident => $body:block) => {{
+        const { assert!($n <= 8) };
+        if 0 < $n {
+            let $i: usize = 0;
+            $body
+        }
+        if 1 < $n {
+            let $i: usize = 1;
+            $body
+        }
+        if 2 < $n {
+            let $i: usize = 2;
+            $body
+        }
+        if 3 < $n {
+            let $i: usize = 3;
+            $body
+        }
+        if 4 < $n {
+            let $i: usize = 4;
+            $body
+        }
+        if 5 < $n {
+            let $i: usize = 5;
+            $body
+        }
+        if 6 < $n {
+            let $i: usize = 6;
+            $body
+        }
+        if 7 < $n {
+            let $i: usize = 7;
+            $body
+        }
+    }};
+}
+
+/// One k-block of the warp's 16 x NB logits in each of the step's `MT`
+/// tiles: four k16 steps, an A fragment of 16 vocabulary rows per tile and
+/// `NB / 8` B fragments of batch rows, each B fragment used by every tile.
 ///
 /// # Safety
 /// `stage` holds a complete k-block; every lane of the warp calls it.
 #[inline(always)]
-unsafe fn mma_stage<M: Mma, const NB: u32, const NT: usize>(stage: u32, acc: &mut [[f32; 4]; NT]) {
+unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize>(
+    stage: u32,
+    acc: &mut [[[f32; 4]; NT]; MT],
+) {
     let lane = arch::thread_idx_x() % 32;
     let warp = arch::thread_idx_x() / 32;
-    let hs = stage + FUSED_BLOCK_V * CHUNKS * 16;
+    let hs = stage + MT as u32 * FUSED_BLOCK_V * ROW_BYTES;
     let mut kk = 0;
     while kk < FUSED_BLOCK_K / 16 {
         let (r, c) = a_row(warp, lane, kk);
-        // SAFETY: rows < FUSED_BLOCK_V and chunks < CHUNKS of this stage.
-        let a = unsafe { arch::ldmatrix_x4(stage + swz(r, c)) };
-        for pair in 0..NT / 2 {
+        // SAFETY: rows < MT * FUSED_BLOCK_V and chunks < CHUNKS of this
+        // stage (the row's swizzle depends on r % 8 only).
+        let a: [[u32; 4]; MT] = core::array::from_fn(|m| unsafe {
+            arch::ldmatrix_x4(stage + swz(r + m as u32 * FUSED_BLOCK_V, c))
+        });
+        // Unrolled by hand: at 128 batch rows LLVM kept this loop over
+        // eight pairs, and the accumulators it indexes went to local memory.
+        unroll8!(NT / 2, pair => {
             let (n, c) = b_row(lane, pair as u32, kk);
             // SAFETY: n < NB rows and chunk < CHUNKS of this stage.
             let b = unsafe { arch::ldmatrix_x4(hs + swz(n, c)) };
-            acc[2 * pair] = M::mma(a, [b[0], b[1]], acc[2 * pair]);
-            acc[2 * pair + 1] = M::mma(a, [b[2], b[3]], acc[2 * pair + 1]);
-        }
+            for (am, acc) in a.iter().zip(acc.iter_mut()) {
+                let (i, j) = ((2 * pair) % NT, (2 * pair + 1) % NT);
+                acc[i] = M::mma(*am, [b[0], b[1]], acc[i]);
+                acc[j] = M::mma(*am, [b[2], b[3]], acc[j]);
+            }
+        });
         kk += 1;
     }
 }
 
+/// A thread's epilogue role: batch row `eb` of the tile, token slot `slot`
+/// of every vocabulary tile, the row's race and log-sum-exp scale.
+struct Role {
+    active: bool,
+    eb: u32,
+    slot: u32,
+    row: u32,
+    has_row: bool,
+    race: Race,
+    lse_scale: f32,
+}
+
+impl Role {
+    /// Role `e` of this thread in a batch tile of `nb` rows from row `b0`:
+    /// `(eb, slot) = (tid / SLOTS + e * FUSED_THREADS / SLOTS, tid % SLOTS)`.
+    ///
+    /// # Safety
+    /// `temperature`, `seed` and `offset` hold `batch` values.
+    #[inline(always)]
+    unsafe fn new(
+        e: u32,
+        nb: u32,
+        b0: u32,
+        batch: u32,
+        temperature: *const f32,
+        seed: *const u64,
+        offset: *const u64,
+    ) -> Role {
+        let tid = arch::thread_idx_x();
+        let eb = tid / SLOTS + e * (FUSED_THREADS / SLOTS);
+        let active = eb < nb;
+        let row = b0 + eb;
+        let has_row = active && row < batch;
+        // SAFETY: row < batch.
+        let (t, s, o) = if has_row {
+            unsafe {
+                (
+                    *temperature.add(row as usize),
+                    *seed.add(row as usize),
+                    *offset.add(row as usize),
+                )
+            }
+        } else {
+            (0.0, 0, 0)
+        };
+        let race = Race::new(t, s, o);
+        let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
+        Role {
+            active,
+            eb,
+            slot: tid % SLOTS,
+            row,
+            has_row,
+            race,
+            lse_scale,
+        }
+    }
+}
+
+/// The fused sampler for a batch tile of `NB` rows (`NT = NB / 8` n-tiles
+/// a warp), `MT` vocabulary tiles a step, `WC` / `HC` copies a thread of the
+/// step's LM-head rows / the batch tile's hidden states, `ER` epilogue
+/// roles a thread (`NB * SLOTS / FUSED_THREADS`, at least 1).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
+unsafe fn fused_sample<
+    M: Mma,
+    const NB: u32,
+    const NT: usize,
+    const MT: usize,
+    const WC: u32,
+    const HC: u32,
+    const ER: usize,
+>(
     hidden: *const u16,
     weight: *const u16,
     bias: *const f32,
@@ -379,6 +500,9 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     peer_partial: *const *mut u64,
     p: FusedParams,
 ) {
+    const { assert!(NT as u32 * 8 == NB && MT as u32 == fused_mtiles(NB)) };
+    const { assert!(WC * PASS_ROWS == MT as u32 * FUSED_BLOCK_V && NB <= HC * PASS_ROWS) };
+    const { assert!(MT <= 2 && ER <= 2 && ER as u32 * FUSED_THREADS >= NB * SLOTS) };
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
     let warp = tid / 32;
@@ -395,26 +519,6 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let cs = unsafe { smem.add((stages * stage_bytes) as usize) } as *mut f32;
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
 
-    // Epilogue role: batch row `eb` of the tile, token slot `slot`.
-    let active = tid < NB * SLOTS;
-    let (eb, slot) = (tid / SLOTS, tid % SLOTS);
-    let row = b0 + eb;
-    let has_row = active && row < p.batch;
-    // SAFETY: row < batch.
-    let (t, s, o) = if has_row {
-        unsafe {
-            (
-                *temperature.add(row as usize),
-                *seed.add(row as usize),
-                *offset.add(row as usize),
-            )
-        }
-    } else {
-        (0.0, 0, 0)
-    };
-    let mut race = Race::new(t, s, o);
-    let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
-
     // The shard's tokens `[lo, lo + vocab)`, on the full vocabulary's tile
     // grid; the bias indexed by global token (read only inside the shard):
     // the unsharded kernel's address math, where indexing it relative to
@@ -422,9 +526,11 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
     let lo = p.vocab_offset;
     let bias_g = bias.wrapping_sub(lo as usize);
     let first_tile = lo / FUSED_BLOCK_V;
-    // The batch tile's hidden-state rows, the same for every tile.
-    let h_copy = RowCopies::<H_COPIES>::new(
-        FUSED_BLOCK_V * ROW_BYTES,
+    let step_rows = MT as u32 * FUSED_BLOCK_V;
+    let steps = p.tiles.div_ceil(MT as u32);
+    // The batch tile's hidden-state rows, the same for every step.
+    let h_copy = RowCopies::<HC>::new(
+        step_rows * ROW_BYTES,
         hidden,
         NB,
         b0,
@@ -443,18 +549,19 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
         weight,
         hidden,
     };
-    let mut tile = arch::block_idx_y();
-    while tile < p.tiles {
-        // Global index of the tile's first token.
-        let v0 = (first_tile + tile) * FUSED_BLOCK_V;
-        let w_copy = RowCopies::<W_COPIES>::new(0, weight, FUSED_BLOCK_V, v0, lo, p.vocab, p.dim);
-        let mut acc = [[0.0f32; 4]; NT];
+    let mut step = arch::block_idx_y();
+    while step < steps {
+        // The step's first tile and the global index of its first token.
+        let tile0 = step * MT as u32;
+        let v0 = (first_tile + tile0) * FUSED_BLOCK_V;
+        let w_copy = RowCopies::<WC>::new(0, weight, step_rows, v0, lo, p.vocab, p.dim);
+        let mut acc = [[[0.0f32; 4]; NT]; MT];
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
         unsafe {
-            // The tile's first k-blocks, one commit group each (issued
-            // during the previous tile's epilogue where `overlap`).
-            if !overlap || tile == arch::block_idx_y() {
+            // The step's first k-blocks, one commit group each (issued
+            // during the previous step's epilogue where `overlap`).
+            if !overlap || step == arch::block_idx_y() {
                 pipe.prologue(&w_copy);
             }
             let mut kb = 0;
@@ -468,7 +575,7 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
                     _ => arch::cp_async_wait_group::<1>(),
                 }
                 arch::bar_sync();
-                mma_stage::<M, NB, NT>(smem0 + (kb % stages) * stage_bytes, &mut acc);
+                mma_stage::<M, NT, MT>(smem0 + (kb % stages) * stage_bytes, &mut acc);
                 let next = kb + stages - 1;
                 if next < nk {
                     pipe.load(&w_copy, smem0 + (next % stages) * stage_bytes, next);
@@ -478,111 +585,187 @@ unsafe fn fused_sample<M: Mma, const NB: u32, const NT: usize>(
             }
             arch::cp_async_wait_group::<0>();
 
-            // Stage the warp's logits transposed: cs[b][v] (+ bias).
-            for (nt, c) in acc.iter().enumerate() {
-                for (i, &x) in c.iter().enumerate() {
-                    let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
-                    let bias_v = if p.has_bias != 0 && (v0 + v).wrapping_sub(lo) < p.vocab {
-                        *bias_g.wrapping_add((v0 + v) as usize)
-                    } else {
-                        0.0
-                    };
-                    *cs.add((b * FUSED_CS_STRIDE + v) as usize) = x + bias_v;
-                }
+            // The step's second tile, unless the step is past the shard's
+            // last tile (its rows zero-filled; it has no part).
+            let second = MT > 1 && tile0 + 1 < p.tiles;
+            // Two tiles a step stage the second tile's logits in the
+            // pipeline's stages, idle until the next step: all their
+            // accumulators leave registers before the epilogue (kept
+            // across it, the second tile's spilled at 128 rows). First every
+            // warp is past its last read of the stages.
+            let cs1 = smem as *mut f32;
+            if MT > 1 {
+                arch::bar_sync();
+            }
+            // Stage tile `m`'s logits transposed, cs[b][v] (+ bias): a
+            // macro, so that `m` is a constant and the accumulators stay in
+            // registers (as loops, ptxas put them in local memory).
+            macro_rules! stage_tile {
+                ($m:expr, $cs:expr) => {{
+                    let vt = v0 + $m * FUSED_BLOCK_V;
+                    // A lane's logits lie on two vocabulary rows (c_pos:
+                    // i / 2 picks one), so it reads two bias values.
+                    let bias_v: [f32; 2] = core::array::from_fn(|h| {
+                        let (v, _) = c_pos(warp, lane, 0, 2 * h as u32);
+                        if p.has_bias != 0 && (vt + v).wrapping_sub(lo) < p.vocab {
+                            *bias_g.wrapping_add((vt + v) as usize)
+                        } else {
+                            0.0
+                        }
+                    });
+                    let tile_acc = &acc[$m as usize % MT];
+                    unroll8!(NT / 2, pair => {
+                        let mut h = 0;
+                        while h < 2 {
+                            let nt = 2 * pair + h;
+                            for (i, &x) in tile_acc[nt % NT].iter().enumerate() {
+                                let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
+                                *$cs.add((b * FUSED_CS_STRIDE + v) as usize) = x + bias_v[i / 2];
+                            }
+                            h += 1;
+                        }
+                    });
+                }};
+            }
+            stage_tile!(0, cs);
+            if second {
+                stage_tile!(1, cs1);
             }
             arch::bar_sync();
 
             // Every warp is past its last read of the stages: the next
-            // tile's first k-blocks stream in during this tile's epilogue
-            // instead of after it. (Not at batch tiles of 64 rows, which
-            // compute more than they stream: there the copies' registers,
-            // kept across the epilogue, spilled.)
-            let next = tile + arch::grid_dim_y();
-            if overlap && next < p.tiles {
-                let v_next = (first_tile + next) * FUSED_BLOCK_V;
-                let w_next = RowCopies::<W_COPIES>::new(
-                    0,
-                    weight,
-                    FUSED_BLOCK_V,
-                    v_next,
-                    lo,
-                    p.vocab,
-                    p.dim,
-                );
+            // step's first k-blocks stream in during this epilogue instead
+            // of after it. (Only for one tile a step of up to 32 batch
+            // rows, which stream more than they compute: at 64 rows the
+            // copies' registers, kept across the epilogue, spilled.)
+            let next = step + arch::grid_dim_y();
+            if overlap && next < steps {
+                let v_next = (first_tile + next * MT as u32) * FUSED_BLOCK_V;
+                let w_next = RowCopies::<WC>::new(0, weight, step_rows, v_next, lo, p.vocab, p.dim);
                 pipe.prologue(&w_next);
             }
 
-            // Epilogue: whole warps are active or idle (NB * SLOTS is a
-            // multiple of 32), so the shuffles below see full warps.
-            if active {
-                let mut lse = Lse2::EMPTY;
-                let base = cs.add((eb * FUSED_CS_STRIDE + slot * SLOT_TOKENS) as usize);
-                let j0 = v0 + slot * SLOT_TOKENS;
-                let mut i = 0;
-                while i < SLOT_TOKENS {
-                    let q = *(base.add(i as usize) as *const [f32; 4]);
-                    // Tokens outside the shard (the vocabulary tail, the
-                    // neighbours' rows of a boundary tile) are absent.
-                    let j = j0 + i;
-                    let r = j.wrapping_sub(lo);
-                    let x = [
-                        if r < p.vocab { q[0] } else { f32::NEG_INFINITY },
-                        if r.wrapping_add(1) < p.vocab {
-                            q[1]
-                        } else {
-                            f32::NEG_INFINITY
-                        },
-                        if r.wrapping_add(2) < p.vocab {
-                            q[2]
-                        } else {
-                            f32::NEG_INFINITY
-                        },
-                        if r.wrapping_add(3) < p.vocab {
-                            q[3]
-                        } else {
-                            f32::NEG_INFINITY
-                        },
-                    ];
-                    if sample::logit_class(x[0]) == 1 {
-                        lse.push(x[0] * lse_scale);
-                    }
-                    if sample::logit_class(x[1]) == 1 {
-                        lse.push(x[1] * lse_scale);
-                    }
-                    if sample::logit_class(x[2]) == 1 {
-                        lse.push(x[2] * lse_scale);
-                    }
-                    if sample::logit_class(x[3]) == 1 {
-                        lse.push(x[3] * lse_scale);
-                    }
-                    race.visit4(x, j);
-                    i += 4;
-                }
-                // Fold the row's four slots (consecutive lanes) by a fixed
-                // butterfly.
-                let (key, xs) = race.take_best();
-                let part = Partial { key, xs, lse }.butterfly(SLOTS / 2);
-                if has_row && slot == 0 {
-                    // Part major: (part, row) at (part * batch + row).
-                    let at = ((p.part_offset + tile) as usize * p.batch as usize + row as usize)
-                        * FUSED_PARTIAL_WORDS as usize;
-                    part.store(partial.add(at));
-                    // Peer-to-peer exchange: the same words into every
-                    // peer's buffer now, while the other tiles compute.
-                    let mut i = 0;
-                    while i < p.peers {
-                        part.store((*peer_partial.add(i as usize)).add(at));
-                        i += 1;
+            // Every role races and sums each staged tile (the role index a
+            // constant, so that the races stay in registers). The roles are
+            // formed here, their rows' parameters read again each step:
+            // kept across the main loop, two roles' races spilled at 128
+            // rows.
+            // SAFETY: the launch contract covers the parameter reads.
+            let mut roles: [Role; ER] = core::array::from_fn(|e| {
+                Role::new(e as u32, NB, b0, p.batch, temperature, seed, offset)
+            });
+            let mut m = 0;
+            while m < 2 {
+                if m == 0 || second {
+                    let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
+                    let src = if m == 0 { cs } else { cs1 };
+                    epilogue(&mut roles[0], src, vt, tile, lo, partial, peer_partial, &p);
+                    if ER > 1 {
+                        epilogue(
+                            &mut roles[1 % ER],
+                            src,
+                            vt,
+                            tile,
+                            lo,
+                            partial,
+                            peer_partial,
+                            &p,
+                        );
                     }
                 }
+                m += 1;
+            }
+            if MT > 1 {
+                // The next step's copies overwrite the second tile's logits.
+                arch::bar_sync();
             }
         }
-        tile += arch::grid_dim_y();
+        step += arch::grid_dim_y();
+    }
+}
+
+/// One role's share of a tile's epilogue: its row's 32 tokens of slot
+/// `slot` from the staged logits `cs`, raced and summed, folded over the
+/// row's four slots (consecutive lanes) by a fixed butterfly and stored as
+/// the (row, tile) partial. Whole warps are active or idle (`NB * SLOTS` is
+/// a multiple of 32), so the shuffles see full warps.
+///
+/// # Safety
+/// `cs` holds the tile's staged logits; `partial` (and every peer buffer)
+/// holds the launch's parts.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn epilogue(
+    role: &mut Role,
+    cs: *const f32,
+    vt: u32,
+    tile: u32,
+    lo: u32,
+    partial: *mut u64,
+    peer_partial: *const *mut u64,
+    p: &FusedParams,
+) {
+    if !role.active {
+        return;
+    }
+    let mut lse = Lse2::EMPTY;
+    // SAFETY: the caller's contract covers every access.
+    unsafe {
+        let base = cs.add((role.eb * FUSED_CS_STRIDE + role.slot * SLOT_TOKENS) as usize);
+        let j0 = vt + role.slot * SLOT_TOKENS;
+        let mut i = 0;
+        while i < SLOT_TOKENS {
+            let q = *(base.add(i as usize) as *const [f32; 4]);
+            // Tokens outside the shard (the vocabulary tail, the
+            // neighbours' rows of a boundary tile) are absent.
+            let j = j0 + i;
+            let r = j.wrapping_sub(lo);
+            let x = [
+                if r < p.vocab { q[0] } else { f32::NEG_INFINITY },
+                if r.wrapping_add(1) < p.vocab {
+                    q[1]
+                } else {
+                    f32::NEG_INFINITY
+                },
+                if r.wrapping_add(2) < p.vocab {
+                    q[2]
+                } else {
+                    f32::NEG_INFINITY
+                },
+                if r.wrapping_add(3) < p.vocab {
+                    q[3]
+                } else {
+                    f32::NEG_INFINITY
+                },
+            ];
+            for &x in &x {
+                if sample::logit_class(x) == 1 {
+                    lse.push(x * role.lse_scale);
+                }
+            }
+            role.race.visit4(x, j);
+            i += 4;
+        }
+        let (key, xs) = role.race.take_best();
+        let part = Partial { key, xs, lse }.butterfly(SLOTS / 2);
+        if role.has_row && role.slot == 0 {
+            // Part major: (part, row) at (part * batch + row).
+            let at = ((p.part_offset + tile) as usize * p.batch as usize + role.row as usize)
+                * FUSED_PARTIAL_WORDS as usize;
+            part.store(partial.add(at));
+            // Peer-to-peer exchange: the same words into every peer's
+            // buffer now, while the other tiles compute.
+            let mut i = 0;
+            while i < p.peers {
+                part.store((*peer_partial.add(i as usize)).add(at));
+                i += 1;
+            }
+        }
     }
 }
 
 macro_rules! fused_entry {
-    ($name:ident, $mma:ty, $nb:literal) => {
+    ($name:ident, $mma:ty, $nb:literal, $mt:literal, $hc:literal, $er:literal) => {
         /// `fused_sample` (see the module docs) for a batch tile of
         #[doc = concat!(stringify!($nb), " rows.")]
         ///
@@ -603,7 +786,7 @@ macro_rules! fused_entry {
         ) {
             // SAFETY: forwarded launch contract.
             unsafe {
-                fused_sample::<$mma, $nb, { $nb / 8 }>(
+                fused_sample::<$mma, $nb, { $nb / 8 }, $mt, { $mt * W_COPIES }, $hc, $er>(
                     hidden,
                     weight,
                     bias,
@@ -619,12 +802,17 @@ macro_rules! fused_entry {
     };
 }
 
-fused_entry!(fused_sample_bf16_b16, Bf16, 16);
-fused_entry!(fused_sample_bf16_b32, Bf16, 32);
-fused_entry!(fused_sample_bf16_b64, Bf16, 64);
-fused_entry!(fused_sample_f16_b16, F16, 16);
-fused_entry!(fused_sample_f16_b32, F16, 32);
-fused_entry!(fused_sample_f16_b64, F16, 64);
+// name, operand type, batch rows NB, tiles a step MT (fused_mtiles),
+// hidden-state copies a thread HC (NB <= 32 * HC; 2 at 16 and 32 rows
+// leaves absent copies, which fold away), epilogue roles a thread ER.
+fused_entry!(fused_sample_bf16_b16, Bf16, 16, 1, 2, 1);
+fused_entry!(fused_sample_bf16_b32, Bf16, 32, 1, 2, 1);
+fused_entry!(fused_sample_bf16_b64, Bf16, 64, 2, 2, 1);
+fused_entry!(fused_sample_bf16_b128, Bf16, 128, 2, 4, 2);
+fused_entry!(fused_sample_f16_b16, F16, 16, 1, 2, 1);
+fused_entry!(fused_sample_f16_b32, F16, 32, 1, 2, 1);
+fused_entry!(fused_sample_f16_b64, F16, 64, 2, 2, 1);
+fused_entry!(fused_sample_f16_b128, F16, 128, 2, 4, 2);
 
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy

@@ -59,9 +59,11 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_bf16_b16",
     "fused_sample_bf16_b32",
     "fused_sample_bf16_b64",
+    "fused_sample_bf16_b128",
     "fused_sample_f16_b16",
     "fused_sample_f16_b32",
     "fused_sample_f16_b64",
+    "fused_sample_f16_b128",
     "fused_sample_finish",
     "topk_topp_stats_f32",
     "topk_topp_plan_f32",
@@ -89,8 +91,9 @@ pub struct LaunchBounds {
 /// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
 /// spills) and the Qrita pre-filter pass at
 /// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
-/// no spills), and the fused sampler at [`params::FUSED_BLOCKS_PER_SM`]
-/// (at most 128 registers; 137 would leave one block per SM).
+/// no spills), and the fused sampler at [`params::fused_blocks_per_sm`]
+/// (two blocks, at most 128 registers, for batch tiles of up to 32 rows;
+/// one above).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",
@@ -110,32 +113,42 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "fused_sample_bf16_b16",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(16),
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b32",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(32),
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b64",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(64),
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b128",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::fused_blocks_per_sm(128),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b16",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(16),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b32",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(32),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b64",
         max_threads: params::FUSED_THREADS,
-        min_blocks_per_sm: params::FUSED_BLOCKS_PER_SM,
+        min_blocks_per_sm: params::fused_blocks_per_sm(64),
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b128",
+        max_threads: params::FUSED_THREADS,
+        min_blocks_per_sm: params::fused_blocks_per_sm(128),
     },
 ];
 

@@ -80,37 +80,56 @@ pub struct FusedParams {
 const _: () = assert!(core::mem::size_of::<FusedParams>() == 48);
 const _: () = assert!(core::mem::align_of::<FusedParams>() == 8);
 
-/// Vocabulary rows per tile of the fused sampler (eight warps of 16).
+/// Vocabulary rows per tile of the fused sampler (eight warps of 16): the
+/// unit of its parts (one partial per row and tile), whatever the batch
+/// tile.
 pub const FUSED_BLOCK_V: u32 = 128;
 /// Hidden-dimension elements per pipeline stage.
 pub const FUSED_BLOCK_K: u32 = 64;
+/// Vocabulary tiles one step of `fused_sample_*_b{block_b}` computes (each
+/// warp's 16 rows in every one of them): 1 for batch tiles of up to 32
+/// rows, 2 above. Two tiles per step read the batch tile's hidden states
+/// from L2 half as often per LM-head row and load each of their B
+/// fragments once for two A fragments; at 64 rows and more, re-reading the
+/// hidden states per 128-row tile and 2.5 KiB of `ldmatrix` per eight
+/// `mma` kept the kernel at about 5.5 TB/s of L2 traffic, 2.2 to 3.2 x
+/// cuBLAS.
+pub const fn fused_mtiles(block_b: u32) -> u32 {
+    if block_b <= 32 { 1 } else { 2 }
+}
 /// Pipeline stages of `fused_sample_*_b{block_b}` (`cp.async` groups in
-/// flight: one fewer): as many as leave two blocks per SM in shared
-/// memory (5 / 4 / 3 for batch tiles of 16 / 32 / 64 rows: 98 / 96 / 105
-/// KiB), so that small batches, which only stream the LM head, keep 128 /
-/// 96 KiB of it in flight per SM instead of 64.
+/// flight: one fewer): for batch tiles of 16 / 32 rows, as many as leave
+/// two blocks per SM in shared memory (5 / 4: 98 / 96 KiB), so that small
+/// batches, which only stream the LM head, keep 128 / 96 KiB of it in
+/// flight per SM instead of 64; for 64 / 128 rows (two tiles a step, one
+/// block per SM), as many as fit one block (4 / 3: 193 / 210 KiB).
 pub const fn fused_stages(block_b: u32) -> u32 {
     match block_b {
         0..=16 => 5,
         17..=32 => 4,
+        33..=64 => 4,
         _ => 3,
     }
 }
 /// Threads per block of the fused sampler.
 pub const FUSED_THREADS: u32 = 256;
-/// Resident blocks per SM the fused sampler's registers are fitted to
-/// (its shared memory allows 2 to 3).
-pub const FUSED_BLOCKS_PER_SM: u32 = 2;
+/// Resident blocks per SM `fused_sample_*_b{block_b}`'s registers are
+/// fitted to (its launch bounds): two for one tile a step (at most 128
+/// registers), one for two tiles a step (their accumulators alone take 64
+/// or 128 registers; shared memory holds one block anyway).
+pub const fn fused_blocks_per_sm(block_b: u32) -> u32 {
+    if fused_mtiles(block_b) == 1 { 2 } else { 1 }
+}
 /// Largest `dim` and `hidden_stride` (elements) of the fused sampler: it
-/// forms the offsets of its copies inside a tile in 32 bits,
-/// `FUSED_BLOCK_V * stride + dim < 2^32`.
-pub const FUSED_MAX_STRIDE: u32 = 1 << 24;
-const _: () = assert!((FUSED_BLOCK_V as u64 + 1) * FUSED_MAX_STRIDE as u64 <= u32::MAX as u64);
-// Two blocks per SM fit the 228 KiB of an sm_90 SM (1 KiB reserved per
-// block) at every batch tile.
+/// forms the offsets of its copies inside a step's tiles in 32 bits,
+/// `2 * FUSED_BLOCK_V * stride + dim < 2^32`.
+pub const FUSED_MAX_STRIDE: u32 = 1 << 23;
+const _: () = assert!((2 * FUSED_BLOCK_V as u64 + 1) * FUSED_MAX_STRIDE as u64 <= u32::MAX as u64);
+// Shared memory per SM of sm_90 is 228 KiB, 1 KiB of it reserved per block.
 const _: () = assert!(2 * (fused_smem_bytes(16) + 1024) <= 228 * 1024);
 const _: () = assert!(2 * (fused_smem_bytes(32) + 1024) <= 228 * 1024);
-const _: () = assert!(2 * (fused_smem_bytes(64) + 1024) <= 228 * 1024);
+const _: () = assert!(fused_smem_bytes(64) + 1024 <= 228 * 1024);
+const _: () = assert!(fused_smem_bytes(128) + 1024 <= 228 * 1024);
 /// Words of one row of the logits staging tile (padded against bank
 /// conflicts).
 pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
@@ -120,9 +139,10 @@ pub const FUSED_CS_STRIDE: u32 = FUSED_BLOCK_V + 4;
 /// FUSED_PARTIAL_WORDS`, so a shard's parts form one contiguous range.
 pub const FUSED_PARTIAL_WORDS: u32 = 3;
 
-/// Bytes of one pipeline stage for a batch tile of `block_b` rows.
+/// Bytes of one pipeline stage for a batch tile of `block_b` rows: the
+/// step's LM-head rows, then the batch tile's hidden-state rows.
 pub const fn fused_stage_bytes(block_b: u32) -> u32 {
-    (FUSED_BLOCK_V + block_b) * FUSED_BLOCK_K * 2
+    (FUSED_BLOCK_V * fused_mtiles(block_b) + block_b) * FUSED_BLOCK_K * 2
 }
 
 /// Dynamic shared memory of `fused_sample_*_b{block_b}`.
