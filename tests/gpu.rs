@@ -896,20 +896,6 @@ fn fused_chi_square_small_head() {
     );
 }
 
-/// The tile kernel `fused_sample` launches for `batch` rows of `T`
-/// operands (host/src/fused_lm_head.rs): that of the smallest batch tile of
-/// 16, 32, 64 or 128 rows that holds the batch, 128 for larger batches.
-fn fused_tile_kernel<T: flashsample::HeadElem>(batch: usize) -> String {
-    let dtype = if T::IS_BF16 { "bf16" } else { "f16" };
-    let tile = match batch {
-        0..=16 => 16,
-        17..=32 => 32,
-        33..=64 => 64,
-        _ => 128,
-    };
-    format!("fused_sample_{dtype}_b{tile}")
-}
-
 /// Small fused cases over every variant (bf16 and f16 operands, batch tiles
 /// 16/32/64/128 and several batch tiles, vocabulary and k tails, bias, a
 /// last step of two tiles with one); run under compute-sanitizer by the
@@ -939,7 +925,7 @@ fn sanitize_fused_paths() {
         let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         check_fused(&head, &got, &mut report);
         coverage.case(&[
-            &fused_tile_kernel::<half::bf16>(batch),
+            &common::fused_tile_kernel::<half::bf16>(batch),
             "fused_sample_finish",
         ]);
     }
@@ -962,7 +948,7 @@ fn sanitize_fused_paths() {
         let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::f16::from_f32);
         check_fused(&head, &got, &mut report);
         coverage.case(&[
-            &fused_tile_kernel::<half::f16>(batch),
+            &common::fused_tile_kernel::<half::f16>(batch),
             "fused_sample_finish",
         ]);
     }

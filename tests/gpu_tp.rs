@@ -721,22 +721,14 @@ fn sanitize_tp_paths() {
         .unwrap();
         let what = format!("B={batch} V={vocab} d={dim} f16={half16}");
         let plan = [(split, true)];
-        let dtype = if half16 {
+        let kernel = if half16 {
             gpu.check(&problem, f16::from_f32, &plan, &what);
-            "f16"
+            common::fused_tile_kernel::<f16>(batch)
         } else {
             gpu.check(&problem, bf16::from_f32, &plan, &what);
-            "bf16"
+            common::fused_tile_kernel::<bf16>(batch)
         };
-        let tile = match batch {
-            0..=16 => 16,
-            17..=32 => 32,
-            _ => 64,
-        };
-        coverage.case(&[
-            &format!("fused_sample_{dtype}_b{tile}"),
-            "fused_sample_finish",
-        ]);
+        coverage.case(&[&kernel, "fused_sample_finish"]);
     }
     gpu.report.assert_none("sanitize: tensor-parallel paths");
     coverage.report(TEST);

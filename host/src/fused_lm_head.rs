@@ -9,8 +9,8 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use flashsample_kernels::params::{
-    FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
-    fused_blocks_per_sm, fused_mtiles, fused_smem_bytes,
+    FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FusedParams, fused_blocks_per_sm,
+    fused_mtiles, fused_smem_bytes, fused_threads,
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
@@ -35,7 +35,7 @@ impl HeadElem for half::f16 {
 
 /// Shape of a fused LM-head call: `hidden [batch, dim]` (rows
 /// `hidden_stride` elements apart) against `lm_head [vocab, dim]`; `dim`
-/// and `hidden_stride` are multiples of 8 of at most 2^24 elements
+/// and `hidden_stride` are multiples of 8 of at most 2^23 elements
 /// ([`HeadShape::validate`]), `vocab` at most 2^30.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadShape {
@@ -394,7 +394,7 @@ impl Device {
             .arg(&arg);
         let cfg = LaunchConfig {
             grid_dim: (batch_tiles, ctas_v, 1),
-            block_dim: (FUSED_THREADS, 1, 1),
+            block_dim: (fused_threads(nb), 1, 1),
             shared_mem_bytes: fused_smem_bytes(nb),
         };
         // SAFETY: the arguments match `fused_sample_*`'s signature; shapes,

@@ -30,7 +30,7 @@
 //! Grid `(ceil(batch / B), ctas)` (x: batch tile of `B` rows, y: vocabulary
 //! CTAs, each looping over steps `y, y + ctas, ...` of
 //! [`fused_mtiles`]`(B)` consecutive tiles), block
-//! [`FUSED_THREADS`], dynamic shared memory [`fused_smem_bytes`]`(B)`
+//! [`fused_threads`]`(B)`, dynamic shared memory [`fused_smem_bytes`]`(B)`
 //! (above 48 KiB: the host raises the function's limit).
 //!
 //! # Safety (caller)
@@ -46,8 +46,8 @@ use crate::arch;
 use crate::block::Lse2;
 use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
-    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FUSED_THREADS, FusedParams,
-    fused_mtiles, fused_stage_bytes, fused_stages,
+    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FusedParams, fused_mtiles,
+    fused_stage_bytes, fused_stages, fused_threads,
 };
 use crate::race::Race;
 use crate::sample;
@@ -167,22 +167,22 @@ impl Mma for F16 {
     }
 }
 
-/// Rows one pass of the block's copies covers: each thread copies one
-/// 16-byte chunk of a row, [`CHUNKS`] threads per row.
-const PASS_ROWS: u32 = FUSED_THREADS / CHUNKS;
-const _: () =
-    assert!(FUSED_THREADS.is_multiple_of(CHUNKS) && FUSED_BLOCK_V.is_multiple_of(PASS_ROWS));
+/// Rows one pass of a block of `threads` covers with its copies: each
+/// thread copies one 16-byte chunk of a row, [`CHUNKS`] threads per row.
+const fn pass_rows(threads: u32) -> u32 {
+    threads / CHUNKS
+}
 
 /// A thread's `cp.async` copies of one staged tile (the LM-head rows of a
 /// vocabulary tile, or the hidden-state rows of the batch tile): chunk
-/// column `tid % CHUNKS` of tile rows `r0, r0 + PASS_ROWS, ..` (`N` of
-/// them), `r0 = tid / CHUNKS`. Addresses and row bounds are formed once
+/// column `tid % CHUNKS` of tile rows `r0, r0 + P, ..` (`N` of them,
+/// `P = pass_rows(T)` for a block of `T` threads), `r0 = tid / CHUNKS`. Addresses and row bounds are formed once
 /// (per tile for the LM head, per launch for the hidden states), so a
 /// k-block's copy costs an add, a compare and the `cp.async`; formed per
 /// copy (an index division, bounds tests, 64-bit address products) they
 /// took about 23 instructions each, 140 issue slots per thread and stage.
 #[derive(Clone, Copy)]
-struct RowCopies<const N: u32> {
+struct RowCopies<const N: u32, const T: u32> {
     /// Shared byte offset, inside a stage, of copy 0's chunk.
     dst: u32,
     /// Global address of the tile's row 0, column 0 (block-uniform; formed
@@ -200,7 +200,7 @@ struct RowCopies<const N: u32> {
     col: u32,
 }
 
-impl<const N: u32> RowCopies<N> {
+impl<const N: u32, const T: u32> RowCopies<N, T> {
     /// The copies of tile rows `0 .. rows` (global rows `first ..`) into
     /// the stage region at byte offset `region`, where `src` holds rows
     /// `lo .. lo + count` `stride` elements apart. Offsets inside a step
@@ -219,13 +219,14 @@ impl<const N: u32> RowCopies<N> {
         stride: u32,
     ) -> Self {
         let tid = arch::thread_idx_x();
-        // `% PASS_ROWS` tells the compiler r0 < PASS_ROWS (the block has
-        // FUSED_THREADS threads), so full tiles fold `present` away.
-        let (r0, c) = ((tid / CHUNKS) % PASS_ROWS, tid % CHUNKS);
+        // `% pass` tells the compiler r0 < pass (the block has T
+        // threads), so full tiles fold `present` away.
+        let pass = pass_rows(T);
+        let (r0, c) = ((tid / CHUNKS) % pass, tid % CHUNKS);
         let (mut present, mut inside) = (0, 0);
         let mut i = 0;
         while i < N {
-            let r = r0 + i * PASS_ROWS;
+            let r = r0 + i * pass;
             if r < rows {
                 present |= 1 << i;
                 if (first + r).wrapping_sub(lo) < count {
@@ -239,7 +240,7 @@ impl<const N: u32> RowCopies<N> {
             dst: region + swz(r0, c),
             base: row0.wrapping_add(first as usize * stride as usize),
             off: r0 * stride + c * 8,
-            step: PASS_ROWS * stride,
+            step: pass * stride,
             present,
             inside,
             col: c * 8,
@@ -272,7 +273,7 @@ impl<const N: u32> RowCopies<N> {
                 // k0 + col + 8 <= dim); otherwise 0 bytes are read.
                 unsafe {
                     arch::cp_async_cg_16(
-                        stage + self.dst + i * PASS_ROWS * ROW_BYTES,
+                        stage + self.dst + i * pass_rows(T) * ROW_BYTES,
                         from as *const u8,
                         if ok { 16 } else { 0 },
                     )
@@ -283,14 +284,11 @@ impl<const N: u32> RowCopies<N> {
     }
 }
 
-/// Copies a thread issues per stage for one LM-head tile.
-const W_COPIES: u32 = FUSED_BLOCK_V / PASS_ROWS;
-
 /// What a step's copies need besides its LM-head copies (`WC` a thread):
 /// the pipeline's shape and the batch tile's hidden-state copies (`HC` a
 /// thread).
 #[derive(Clone, Copy)]
-struct Pipeline<const WC: u32, const HC: u32> {
+struct Pipeline<const WC: u32, const HC: u32, const T: u32> {
     /// Shared address of stage 0.
     smem0: u32,
     stages: u32,
@@ -298,19 +296,19 @@ struct Pipeline<const WC: u32, const HC: u32> {
     /// k-blocks of a tile.
     nk: u32,
     dim: u32,
-    h: RowCopies<HC>,
+    h: RowCopies<HC, T>,
     weight: *const u16,
     hidden: *const u16,
 }
 
-impl<const WC: u32, const HC: u32> Pipeline<WC, HC> {
+impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
     /// Issues k-block `kb` of the tile of LM-head copies `w` (and of the
     /// hidden states) into the stage at shared address `stage`.
     ///
     /// # Safety
     /// As [`RowCopies::issue`], for `weight` and `hidden`.
     #[inline(always)]
-    unsafe fn load(&self, w: &RowCopies<WC>, stage: u32, kb: u32) {
+    unsafe fn load(&self, w: &RowCopies<WC, T>, stage: u32, kb: u32) {
         let k0 = kb * FUSED_BLOCK_K;
         // SAFETY: forwarded.
         unsafe {
@@ -325,7 +323,7 @@ impl<const WC: u32, const HC: u32> Pipeline<WC, HC> {
     /// # Safety
     /// As [`Pipeline::load`].
     #[inline(always)]
-    unsafe fn prologue(&self, w: &RowCopies<WC>) {
+    unsafe fn prologue(&self, w: &RowCopies<WC, T>) {
         let mut s = 0;
         while s < self.stages - 1 {
             if s < self.nk {
@@ -378,20 +376,33 @@ macro_rules! unroll8 {
     }};
 }
 
-/// One k-block of the warp's 16 x NB logits in each of the step's `MT`
+/// The warp's place in a block of `T` threads: its 16 vocabulary rows of
+/// every tile (`warp % 8`) and its `8 * NT` batch rows (from
+/// `8 * NT * (warp / 8)`).
+#[inline(always)]
+fn warp_place<const NT: usize, const T: u32>() -> (u32, u32) {
+    let warp = arch::thread_idx_x() / 32;
+    if T == 256 {
+        (warp, 0)
+    } else {
+        (warp % 8, 8 * NT as u32 * (warp / 8))
+    }
+}
+
+/// One k-block of the warp's 16 x 8NT logits in each of the step's `MT`
 /// tiles: four k16 steps, an A fragment of 16 vocabulary rows per tile and
-/// `NB / 8` B fragments of batch rows, each B fragment used by every tile.
+/// `NT / 2` B fragments of 16 batch rows, each used by every tile.
 ///
 /// # Safety
 /// `stage` holds a complete k-block; every lane of the warp calls it.
 #[inline(always)]
-unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize>(
+unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     stage: u32,
     acc: &mut [[[f32; 4]; NT]; MT],
 ) {
     let lane = arch::thread_idx_x() % 32;
-    let warp = arch::thread_idx_x() / 32;
-    let hs = stage + MT as u32 * FUSED_BLOCK_V * ROW_BYTES;
+    let (warp, wb) = warp_place::<NT, T>();
+    let hs = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
     let mut kk = 0;
     while kk < FUSED_BLOCK_K / 16 {
         let (r, c) = a_row(warp, lane, kk);
@@ -404,7 +415,8 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize>(
         // eight pairs, and the accumulators it indexes went to local memory.
         unroll8!(NT / 2, pair => {
             let (n, c) = b_row(lane, pair as u32, kk);
-            // SAFETY: n < NB rows and chunk < CHUNKS of this stage.
+            // SAFETY: wb + n < NB rows and chunk < CHUNKS of this stage
+            // (wb is a multiple of 8: the swizzle is that of row n).
             let b = unsafe { arch::ldmatrix_x4(hs + swz(n, c)) };
             for (am, acc) in a.iter().zip(acc.iter_mut()) {
                 let (i, j) = ((2 * pair) % NT, (2 * pair + 1) % NT);
@@ -429,14 +441,16 @@ struct Role {
 }
 
 impl Role {
-    /// Role `e` of this thread in a batch tile of `nb` rows from row `b0`:
-    /// `(eb, slot) = (tid / SLOTS + e * FUSED_THREADS / SLOTS, tid % SLOTS)`.
+    /// Role `e` of this thread in a block of `threads` and a batch tile of
+    /// `nb` rows from row `b0`:
+    /// `(eb, slot) = (tid / SLOTS + e * threads / SLOTS, tid % SLOTS)`.
     ///
     /// # Safety
     /// `temperature`, `seed` and `offset` hold `batch` values.
     #[inline(always)]
     unsafe fn new(
         e: u32,
+        threads: u32,
         nb: u32,
         b0: u32,
         batch: u32,
@@ -445,7 +459,7 @@ impl Role {
         offset: *const u64,
     ) -> Role {
         let tid = arch::thread_idx_x();
-        let eb = tid / SLOTS + e * (FUSED_THREADS / SLOTS);
+        let eb = tid / SLOTS + e * (threads / SLOTS);
         let active = eb < nb;
         let row = b0 + eb;
         let has_row = active && row < batch;
@@ -475,10 +489,11 @@ impl Role {
     }
 }
 
-/// The fused sampler for a batch tile of `NB` rows (`NT = NB / 8` n-tiles
-/// a warp), `MT` vocabulary tiles a step, `WC` / `HC` copies a thread of the
+/// The fused sampler for a batch tile of `NB` rows in a block of `T`
+/// threads (`T / 256` groups of eight warps, each group `8 * NT` of the
+/// rows), `MT` vocabulary tiles a step, `WC` / `HC` copies a thread of the
 /// step's LM-head rows / the batch tile's hidden states, `ER` epilogue
-/// roles a thread (`NB * SLOTS / FUSED_THREADS`, at least 1).
+/// roles a thread (`NB * SLOTS / T`, at least 1).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn fused_sample<
@@ -489,6 +504,7 @@ unsafe fn fused_sample<
     const WC: u32,
     const HC: u32,
     const ER: usize,
+    const T: u32,
 >(
     hidden: *const u16,
     weight: *const u16,
@@ -500,12 +516,13 @@ unsafe fn fused_sample<
     peer_partial: *const *mut u64,
     p: FusedParams,
 ) {
-    const { assert!(NT as u32 * 8 == NB && MT as u32 == fused_mtiles(NB)) };
-    const { assert!(WC * PASS_ROWS == MT as u32 * FUSED_BLOCK_V && NB <= HC * PASS_ROWS) };
-    const { assert!(MT <= 2 && ER <= 2 && ER as u32 * FUSED_THREADS >= NB * SLOTS) };
+    const { assert!(T == fused_threads(NB) && NT as u32 * 8 * (T / 256) == NB) };
+    const { assert!(MT as u32 == fused_mtiles(NB)) };
+    const { assert!(WC * pass_rows(T) == MT as u32 * FUSED_BLOCK_V && NB <= HC * pass_rows(T)) };
+    const { assert!(MT <= 2 && ER <= 2 && ER as u32 * T >= NB * SLOTS) };
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
-    let warp = tid / 32;
+    let (warp, wb) = warp_place::<NT, T>();
     let b0 = arch::block_idx_x() * NB;
     // 16-byte alignment for cp.async and ldmatrix (the dynamic shared
     // memory symbol takes the largest alignment any kernel asks for).
@@ -516,7 +533,13 @@ unsafe fn fused_sample<
     let overlap = NB <= 32;
     // SAFETY: the staging tile sits after the pipeline stages, inside the
     // dynamic shared memory the launch provides (fused_smem_bytes).
-    let cs = unsafe { smem.add((stages * stage_bytes) as usize) } as *mut f32;
+    let cs = unsafe {
+        smem.add(if MT == 1 {
+            (stages * stage_bytes) as usize
+        } else {
+            0
+        })
+    } as *mut f32;
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
 
     // The shard's tokens `[lo, lo + vocab)`, on the full vocabulary's tile
@@ -529,7 +552,7 @@ unsafe fn fused_sample<
     let step_rows = MT as u32 * FUSED_BLOCK_V;
     let steps = p.tiles.div_ceil(MT as u32);
     // The batch tile's hidden-state rows, the same for every step.
-    let h_copy = RowCopies::<HC>::new(
+    let h_copy = RowCopies::<HC, T>::new(
         step_rows * ROW_BYTES,
         hidden,
         NB,
@@ -554,7 +577,7 @@ unsafe fn fused_sample<
         // The step's first tile and the global index of its first token.
         let tile0 = step * MT as u32;
         let v0 = (first_tile + tile0) * FUSED_BLOCK_V;
-        let w_copy = RowCopies::<WC>::new(0, weight, step_rows, v0, lo, p.vocab, p.dim);
+        let w_copy = RowCopies::<WC, T>::new(0, weight, step_rows, v0, lo, p.vocab, p.dim);
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         // SAFETY: stages lie inside the dynamic shared memory; the launch
         // contract covers the global reads.
@@ -572,10 +595,11 @@ unsafe fn fused_sample<
                 match stages {
                     5 => arch::cp_async_wait_group::<3>(),
                     4 => arch::cp_async_wait_group::<2>(),
-                    _ => arch::cp_async_wait_group::<1>(),
+                    3 => arch::cp_async_wait_group::<1>(),
+                    _ => arch::cp_async_wait_group::<0>(),
                 }
                 arch::bar_sync();
-                mma_stage::<M, NT, MT>(smem0 + (kb % stages) * stage_bytes, &mut acc);
+                mma_stage::<M, NT, MT, T>(smem0 + (kb % stages) * stage_bytes, &mut acc);
                 let next = kb + stages - 1;
                 if next < nk {
                     pipe.load(&w_copy, smem0 + (next % stages) * stage_bytes, next);
@@ -593,7 +617,7 @@ unsafe fn fused_sample<
             // accumulators leave registers before the epilogue (kept
             // across it, the second tile's spilled at 128 rows). First every
             // warp is past its last read of the stages.
-            let cs1 = smem as *mut f32;
+            let cs1 = unsafe { cs.add((NB * FUSED_CS_STRIDE) as usize) };
             if MT > 1 {
                 arch::bar_sync();
             }
@@ -620,7 +644,8 @@ unsafe fn fused_sample<
                             let nt = 2 * pair + h;
                             for (i, &x) in tile_acc[nt % NT].iter().enumerate() {
                                 let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
-                                *$cs.add((b * FUSED_CS_STRIDE + v) as usize) = x + bias_v[i / 2];
+                                *$cs.add(((wb + b) * FUSED_CS_STRIDE + v) as usize) =
+                                    x + bias_v[i / 2];
                             }
                             h += 1;
                         }
@@ -641,7 +666,8 @@ unsafe fn fused_sample<
             let next = step + arch::grid_dim_y();
             if overlap && next < steps {
                 let v_next = (first_tile + next * MT as u32) * FUSED_BLOCK_V;
-                let w_next = RowCopies::<WC>::new(0, weight, step_rows, v_next, lo, p.vocab, p.dim);
+                let w_next =
+                    RowCopies::<WC, T>::new(0, weight, step_rows, v_next, lo, p.vocab, p.dim);
                 pipe.prologue(&w_next);
             }
 
@@ -652,7 +678,7 @@ unsafe fn fused_sample<
             // rows.
             // SAFETY: the launch contract covers the parameter reads.
             let mut roles: [Role; ER] = core::array::from_fn(|e| {
-                Role::new(e as u32, NB, b0, p.batch, temperature, seed, offset)
+                Role::new(e as u32, T, NB, b0, p.batch, temperature, seed, offset)
             });
             let mut m = 0;
             while m < 2 {
@@ -765,7 +791,7 @@ unsafe fn epilogue(
 }
 
 macro_rules! fused_entry {
-    ($name:ident, $mma:ty, $nb:literal, $mt:literal, $hc:literal, $er:literal) => {
+    ($name:ident, $mma:ty, $nb:literal, $mt:literal, $hc:literal, $er:literal, $t:literal) => {
         /// `fused_sample` (see the module docs) for a batch tile of
         #[doc = concat!(stringify!($nb), " rows.")]
         ///
@@ -786,7 +812,16 @@ macro_rules! fused_entry {
         ) {
             // SAFETY: forwarded launch contract.
             unsafe {
-                fused_sample::<$mma, $nb, { $nb / 8 }, $mt, { $mt * W_COPIES }, $hc, $er>(
+                fused_sample::<
+                    $mma,
+                    $nb,
+                    { $nb / 8 / ($t / 256) },
+                    $mt,
+                    { $mt * FUSED_BLOCK_V / pass_rows($t) },
+                    $hc,
+                    $er,
+                    $t,
+                >(
                     hidden,
                     weight,
                     bias,
@@ -803,16 +838,17 @@ macro_rules! fused_entry {
 }
 
 // name, operand type, batch rows NB, tiles a step MT (fused_mtiles),
-// hidden-state copies a thread HC (NB <= 32 * HC; 2 at 16 and 32 rows
-// leaves absent copies, which fold away), epilogue roles a thread ER.
-fused_entry!(fused_sample_bf16_b16, Bf16, 16, 1, 2, 1);
-fused_entry!(fused_sample_bf16_b32, Bf16, 32, 1, 2, 1);
-fused_entry!(fused_sample_bf16_b64, Bf16, 64, 2, 2, 1);
-fused_entry!(fused_sample_bf16_b128, Bf16, 128, 2, 4, 2);
-fused_entry!(fused_sample_f16_b16, F16, 16, 1, 2, 1);
-fused_entry!(fused_sample_f16_b32, F16, 32, 1, 2, 1);
-fused_entry!(fused_sample_f16_b64, F16, 64, 2, 2, 1);
-fused_entry!(fused_sample_f16_b128, F16, 128, 2, 4, 2);
+// hidden-state copies a thread HC (NB <= HC * pass_rows(T); 2 at 16 and
+// 32 rows leaves absent copies, which fold away), epilogue roles a thread
+// ER, threads T (fused_threads).
+fused_entry!(fused_sample_bf16_b16, Bf16, 16, 1, 2, 1, 256);
+fused_entry!(fused_sample_bf16_b32, Bf16, 32, 1, 2, 1, 256);
+fused_entry!(fused_sample_bf16_b64, Bf16, 64, 2, 1, 1, 512);
+fused_entry!(fused_sample_bf16_b128, Bf16, 128, 2, 2, 1, 512);
+fused_entry!(fused_sample_f16_b16, F16, 16, 1, 2, 1, 256);
+fused_entry!(fused_sample_f16_b32, F16, 32, 1, 2, 1, 256);
+fused_entry!(fused_sample_f16_b64, F16, 64, 2, 1, 1, 512);
+fused_entry!(fused_sample_f16_b128, F16, 128, 2, 2, 1, 512);
 
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy

@@ -112,42 +112,42 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b16",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(16),
         min_blocks_per_sm: params::fused_blocks_per_sm(16),
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b32",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(32),
         min_blocks_per_sm: params::fused_blocks_per_sm(32),
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b64",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(64),
         min_blocks_per_sm: params::fused_blocks_per_sm(64),
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b128",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(128),
         min_blocks_per_sm: params::fused_blocks_per_sm(128),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b16",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(16),
         min_blocks_per_sm: params::fused_blocks_per_sm(16),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b32",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(32),
         min_blocks_per_sm: params::fused_blocks_per_sm(32),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b64",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(64),
         min_blocks_per_sm: params::fused_blocks_per_sm(64),
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b128",
-        max_threads: params::FUSED_THREADS,
+        max_threads: params::fused_threads(128),
         min_blocks_per_sm: params::fused_blocks_per_sm(128),
     },
 ];

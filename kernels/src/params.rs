@@ -108,11 +108,17 @@ pub const fn fused_stages(block_b: u32) -> u32 {
         0..=16 => 5,
         17..=32 => 4,
         33..=64 => 4,
-        _ => 3,
+        _ => 4,
     }
 }
-/// Threads per block of the fused sampler.
-pub const FUSED_THREADS: u32 = 256;
+/// Threads per block of `fused_sample_*_b{block_b}`: groups of eight
+/// warps, each group covering every vocabulary row of a step and its share
+/// of the batch tile. One group up to 64 rows; two at 128 (16 warps, one
+/// block per SM: at eight, the tensor pipes idled about half the time on
+/// the fixed latency between dependent `mma`s and on the epilogue).
+pub const fn fused_threads(block_b: u32) -> u32 {
+    if block_b <= 32 { 256 } else { 512 }
+}
 /// Resident blocks per SM `fused_sample_*_b{block_b}`'s registers are
 /// fitted to (its launch bounds): two for one tile a step (at most 128
 /// registers), one for two tiles a step (their accumulators alone take 64
@@ -145,9 +151,24 @@ pub const fn fused_stage_bytes(block_b: u32) -> u32 {
     (FUSED_BLOCK_V * fused_mtiles(block_b) + block_b) * FUSED_BLOCK_K * 2
 }
 
-/// Dynamic shared memory of `fused_sample_*_b{block_b}`.
+/// Bytes of the logits staging tile of one vocabulary tile.
+pub const fn fused_staging_bytes(block_b: u32) -> u32 {
+    block_b * FUSED_CS_STRIDE * 4
+}
+
+/// Dynamic shared memory of `fused_sample_*_b{block_b}`: one tile a step
+/// stages its logits after the pipeline stages (the next step's copies
+/// fill the stages during the epilogue); two tiles a step stage both
+/// tiles' logits in the stages, idle until the next step.
 pub const fn fused_smem_bytes(block_b: u32) -> u32 {
-    fused_stages(block_b) * fused_stage_bytes(block_b) + block_b * FUSED_CS_STRIDE * 4
+    let stages = fused_stages(block_b) * fused_stage_bytes(block_b);
+    if fused_mtiles(block_b) == 1 {
+        stages + fused_staging_bytes(block_b)
+    } else if stages > 2 * fused_staging_bytes(block_b) {
+        stages
+    } else {
+        2 * fused_staging_bytes(block_b)
+    }
 }
 
 /// Elements of a row one block of the chunked `topk_topp_*` passes

@@ -304,3 +304,17 @@ pub fn check_graph_replays<P>(
         "advancing the offsets changed no token"
     );
 }
+
+/// The tile kernel `fused_sample` launches for `batch` rows of `T`
+/// operands (host/src/fused_lm_head.rs): that of the smallest batch tile of
+/// 16, 32, 64 or 128 rows that holds the batch, 128 for larger batches.
+pub fn fused_tile_kernel<T: flashsample::HeadElem>(batch: usize) -> String {
+    let dtype = if T::IS_BF16 { "bf16" } else { "f16" };
+    let tile = match batch {
+        0..=16 => 16,
+        17..=32 => 32,
+        33..=64 => 64,
+        _ => 128,
+    };
+    format!("fused_sample_{dtype}_b{tile}")
+}

@@ -13,12 +13,13 @@ use crate::{Opts, absolute, cargo, tools, workspace_root};
 /// performance bug, so each entry must say why it is acceptable.
 /// Entries: (function name, architecture or `"*"` for all, reason).
 const SPILL_ALLOW: &[(&str, &str, &str)] = &[
-    ("fused_sample_bf16_b128", "sm_80", B128_SPILL),
-    ("fused_sample_bf16_b128", "sm_89", B128_SPILL),
-    ("fused_sample_f16_b128", "sm_80", B128_SPILL),
-    ("fused_sample_f16_b128", "sm_89", B128_SPILL),
+    ("fused_sample_bf16_b128", "*", B128_SPILL),
+    ("fused_sample_f16_b128", "*", B128_SPILL),
 ];
-const B128_SPILL: &str = "the 128-row batch tile (two vocabulary tiles a step, 128 accumulator registers) fits sm_90's 255 registers without spills; for sm_80 and sm_89 ptxas spills 16 to 17 registers (64 to 68 bytes) of it; it was only measured on an H200 (sm_90a)";
+const B128_SPILL: &str = "16 warps of at most 128 registers, 64 of them accumulators: ptxas \
+     spills 21 to 26 loop-invariant registers (copy addresses, staging offsets) outside the \
+     main loop, about 15 local loads per step of 64 to 128 k-blocks (SASS of sm_90a: none \
+     between the first and last HMMA)";
 
 /// The file name of every module under `<out>/<arch>/`.
 pub const PTX_FILE: &str = "flashsample_kernels.ptx";
