@@ -561,3 +561,347 @@ pub unsafe fn atom_shared_cluster_add_u32(addr: u32, v: u32) -> u32 {
     };
     old
 }
+
+// ---------------------------------------------------------------------------
+// Warpgroup matrix multiply (sm_90a): `wgmma.mma_async` with both operands
+// in shared memory, described by matrix descriptors.
+// ---------------------------------------------------------------------------
+
+/// The `wgmma` descriptor of a K-major operand tile in shared memory at
+/// shared address `addr` (1024-byte aligned up to the k offset), laid out
+/// in 128-byte rows (64 bf16 / f16 of k) with the 128-byte swizzle (16-byte
+/// chunk `c` of row `r` at chunk `c ^ (r % 8)`), eight-row groups 1024
+/// bytes apart: start address and strides in 16-byte units, swizzle mode 1
+/// (128 bytes) in bits 62-63.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn wgmma_desc_k_major_sw128(addr: u32) -> u64 {
+    let start = ((addr & 0x3ffff) >> 4) as u64;
+    let leading = 1u64; // unused by swizzled K-major layouts
+    let stride = 1024u64 >> 4;
+    start | (leading << 16) | (stride << 32) | (1u64 << 62)
+}
+
+/// `wgmma.fence.sync.aligned`: every thread of the warpgroup executes it
+/// before the first `wgmma` that reads registers written since (the
+/// accumulators: fence them with [`operand_fence_32`] after it).
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn wgmma_fence() {
+    // SAFETY: a warpgroup-wide ordering instruction.
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
+}
+
+/// `wgmma.commit_group.sync.aligned` then `wgmma.wait_group.sync.aligned
+/// 0`: every `wgmma` this thread issued has completed, its accumulators
+/// written (fence them with [`operand_fence_32`] before reading them) and its
+/// shared-memory reads done.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn wgmma_commit_wait_all() {
+    // SAFETY: warpgroup-wide ordering instructions.
+    unsafe {
+        asm!(
+            "wgmma.commit_group.sync.aligned;",
+            "wgmma.wait_group.sync.aligned 0;",
+            options(nostack)
+        )
+    };
+}
+
+/// `fence.proxy.async.shared::cta`: this thread's earlier writes to shared
+/// memory (`st.shared`, completed `cp.async`) become visible to the async
+/// proxy that `wgmma` reads its operands through.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: an ordering instruction.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+}
+
+#[cfg(target_feature = "sm_90a")]
+macro_rules! operand_fence {
+    ($name:ident, $len:literal, [$($d:ident = $i:literal),*]) => {
+        #[doc = concat!("An empty `asm` that reads and writes the ", stringify!($len), " registers of `d`:")]
+        /// the compiler may not move an access to them across it, nor
+        /// across the `wgmma` fences and waits next to it (CUTLASS's
+        /// `warpgroup_fence_operand`).
+        #[inline(always)]
+        pub fn $name(d: &mut [f32; $len]) {
+            // SAFETY: no instruction; each register is its own operand.
+            unsafe {
+                asm!(concat!("//" $(, " {", stringify!($d), "}")*),
+                     $($d = inout(reg32) d[$i],)* options(nostack))
+            };
+        }
+    };
+}
+
+#[cfg(target_feature = "sm_90a")]
+macro_rules! wgmma_m64k16 {
+    ($name:ident, $n:literal, $ty:literal, $len:literal, [$d0:ident = $i0:literal $(, $d:ident = $i:literal)*]) => {
+        #[doc = concat!("`wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, "`: `d += a b`")]
+        /// for the 64 x 16 A tile and 16 x N B tile (both K-major) the
+        /// descriptors `a` and `b` describe; asynchronous until
+        /// [`wgmma_commit_wait_all`].
+        ///
+        /// # Safety
+        /// Every thread of the warpgroup executes it with the same
+        /// descriptors, after [`wgmma_fence`]; the tiles lie in this
+        /// block's shared memory and stay unwritten until the wait.
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [f32; $len], a: u64, b: u64) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
+                             " {{{", stringify!($d0), "}" $(, ", {", stringify!($d), "}")*, "}}, {a}, {b}, p, 1, 1, 0, 0; }}"),
+                     $d0 = inout(reg32) d[$i0], $($d = inout(reg32) d[$i],)*
+                     a = in(reg64) a, b = in(reg64) b, one = in(reg32) 1u32, options(nostack))
+            };
+        }
+    };
+}
+
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n16k16_bf16,
+    "16",
+    "bf16",
+    8,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n16k16_f16,
+    "16",
+    "f16",
+    8,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n32k16_bf16,
+    "32",
+    "bf16",
+    16,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n32k16_f16,
+    "32",
+    "f16",
+    16,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n64k16_bf16,
+    "64",
+    "bf16",
+    32,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15,
+        d16 = 16,
+        d17 = 17,
+        d18 = 18,
+        d19 = 19,
+        d20 = 20,
+        d21 = 21,
+        d22 = 22,
+        d23 = 23,
+        d24 = 24,
+        d25 = 25,
+        d26 = 26,
+        d27 = 27,
+        d28 = 28,
+        d29 = 29,
+        d30 = 30,
+        d31 = 31
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+wgmma_m64k16!(
+    wgmma_m64n64k16_f16,
+    "64",
+    "f16",
+    32,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15,
+        d16 = 16,
+        d17 = 17,
+        d18 = 18,
+        d19 = 19,
+        d20 = 20,
+        d21 = 21,
+        d22 = 22,
+        d23 = 23,
+        d24 = 24,
+        d25 = 25,
+        d26 = 26,
+        d27 = 27,
+        d28 = 28,
+        d29 = 29,
+        d30 = 30,
+        d31 = 31
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+operand_fence!(
+    operand_fence_8,
+    8,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+operand_fence!(
+    operand_fence_16,
+    16,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15
+    ]
+);
+#[cfg(target_feature = "sm_90a")]
+operand_fence!(
+    operand_fence_32,
+    32,
+    [
+        d0 = 0,
+        d1 = 1,
+        d2 = 2,
+        d3 = 3,
+        d4 = 4,
+        d5 = 5,
+        d6 = 6,
+        d7 = 7,
+        d8 = 8,
+        d9 = 9,
+        d10 = 10,
+        d11 = 11,
+        d12 = 12,
+        d13 = 13,
+        d14 = 14,
+        d15 = 15,
+        d16 = 16,
+        d17 = 17,
+        d18 = 18,
+        d19 = 19,
+        d20 = 20,
+        d21 = 21,
+        d22 = 22,
+        d23 = 23,
+        d24 = 24,
+        d25 = 25,
+        d26 = 26,
+        d27 = 27,
+        d28 = 28,
+        d29 = 29,
+        d30 = 30,
+        d31 = 31
+    ]
+);

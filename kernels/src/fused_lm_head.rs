@@ -1,6 +1,7 @@
 //! `fused_sample`: the LM-head matmul with a Gumbel-max epilogue
 //! (FlashSampling). Logits `h . W^T (+ bias)` are computed tile by tile on
-//! tensor cores (`mma.sync` m16n8k16, f32 accumulation), scaled by 1/T,
+//! tensor cores (f32 accumulation: `wgmma` m64nNk16 from shared memory on
+//! sm_90a, `mma.sync` m16n8k16 elsewhere), scaled by 1/T,
 //! raced with the Gumbel noise of the row's Philox stream at the **global**
 //! vocabulary index, and reduced to one (key, log-sum-exp) partial per row
 //! and vocabulary tile; the `[batch, vocab]` logits never reach memory.
@@ -18,8 +19,10 @@
 //! bits; otherwise a boundary tile is split over two parts (two partials of
 //! the same tile), which changes only the log-sum-exp's rounding.
 //!
-//! Determinism: every logit is the same sequence of `mma` operations in
-//! k order whatever the batch tile; each tile's partial is reduced by a
+//! Determinism: every logit is the same sequence of `wgmma` (sm_90a) or
+//! `mma` (other modules) operations in k order whatever the batch tile, so
+//! its bits depend on the module, never on the batch; each tile's partial
+//! is reduced by a
 //! fixed tree (four slots of 32 tokens); the finish folds parts in a fixed
 //! order. So tokens (exact maxima) and the log-normaliser bits depend only on
 //! the row, its parameters, `vocab` and `dim` (and, for the log-normaliser,
@@ -151,21 +154,78 @@ struct Align16([u8; 16]);
 /// Tensor-core operand type.
 trait Mma {
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+
+    /// `wgmma` m64 x 8NT x k16 (NT 2, 4 or 8) into `d`, laid out as NT
+    /// m16n8 accumulator fragments (the layouts agree).
+    ///
+    /// # Safety
+    /// As the `arch::wgmma_m64n*k16_*` functions.
+    #[cfg(target_feature = "sm_90a")]
+    unsafe fn wgmma<const NT: usize>(d: &mut [[f32; 4]; NT], a: u64, b: u64);
+}
+
+/// `arch::operand_fence_*` over the NT (2, 4 or 8) fragments of `d`.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+fn fence_acc<const NT: usize>(d: &mut [[f32; 4]; NT]) {
+    let p = d.as_mut_ptr() as *mut f32;
+    // SAFETY: `d` is 4 NT contiguous f32 (other NT never reach here, as
+    // in Mma::wgmma).
+    unsafe {
+        if NT == 8 {
+            arch::operand_fence_32(&mut *(p as *mut [f32; 32]))
+        } else if NT == 4 {
+            arch::operand_fence_16(&mut *(p as *mut [f32; 16]))
+        } else if NT == 2 {
+            arch::operand_fence_8(&mut *(p as *mut [f32; 8]))
+        }
+    }
 }
 struct Bf16;
 struct F16;
-impl Mma for Bf16 {
-    #[inline(always)]
-    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        arch::mma_m16n8k16_bf16(a, b, c)
-    }
+
+macro_rules! mma_impl {
+    ($ty:ident, $mma:ident, $wg16:ident, $wg32:ident, $wg64:ident) => {
+        impl Mma for $ty {
+            #[inline(always)]
+            fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+                arch::$mma(a, b, c)
+            }
+
+            #[cfg(target_feature = "sm_90a")]
+            #[inline(always)]
+            unsafe fn wgmma<const NT: usize>(d: &mut [[f32; 4]; NT], a: u64, b: u64) {
+                let p = d.as_mut_ptr() as *mut f32;
+                // SAFETY: `d` is 4 NT contiguous f32; the caller's
+                // contract for the rest. (Other NT never reach here:
+                // fused_sample asserts NT is 2, 4 or 8.)
+                unsafe {
+                    if NT == 8 {
+                        arch::$wg64(&mut *(p as *mut [f32; 32]), a, b)
+                    } else if NT == 4 {
+                        arch::$wg32(&mut *(p as *mut [f32; 16]), a, b)
+                    } else if NT == 2 {
+                        arch::$wg16(&mut *(p as *mut [f32; 8]), a, b)
+                    }
+                }
+            }
+        }
+    };
 }
-impl Mma for F16 {
-    #[inline(always)]
-    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        arch::mma_m16n8k16_f16(a, b, c)
-    }
-}
+mma_impl!(
+    Bf16,
+    mma_m16n8k16_bf16,
+    wgmma_m64n16k16_bf16,
+    wgmma_m64n32k16_bf16,
+    wgmma_m64n64k16_bf16
+);
+mma_impl!(
+    F16,
+    mma_m16n8k16_f16,
+    wgmma_m64n16k16_f16,
+    wgmma_m64n32k16_f16,
+    wgmma_m64n64k16_f16
+);
 
 /// Rows one pass of a block of `threads` covers with its copies: each
 /// thread copies one 16-byte chunk of a row, [`CHUNKS`] threads per row.
@@ -391,15 +451,25 @@ fn warp_place<const NT: usize, const T: u32>() -> (u32, u32) {
 
 /// One k-block of the warp's 16 x 8NT logits in each of the step's `MT`
 /// tiles: four k16 steps, an A fragment of 16 vocabulary rows per tile and
-/// `NT / 2` B fragments of 16 batch rows, each used by every tile.
+/// `NT / 2` B fragments of 16 batch rows, each used by every tile (on
+/// sm_90a, [`wgmma_stage`] instead).
 ///
 /// # Safety
-/// `stage` holds a complete k-block; every lane of the warp calls it.
+/// `stage` holds a complete k-block; every lane of the warp calls it; on
+/// sm_90a as [`wgmma_stage`].
 #[inline(always)]
 unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     stage: u32,
     acc: &mut [[[f32; 4]; NT]; MT],
 ) {
+    // sm_90a: every tile size on the warpgroup path, so that a logit's
+    // bits do not depend on the batch tile.
+    #[cfg(target_feature = "sm_90a")]
+    {
+        // SAFETY: forwarded.
+        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc) };
+        return;
+    }
     let lane = arch::thread_idx_x() % 32;
     let (warp, wb) = warp_place::<NT, T>();
     let hs = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
@@ -425,6 +495,57 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
             }
         });
         kk += 1;
+    }
+}
+
+/// [`mma_stage`] on sm_90a: each warpgroup (four consecutive warps, the
+/// same place in every tile of the step) issues one `wgmma.m64n(8NT)k16`
+/// per tile and k16 step: its 64 vocabulary rows (`warp % 8 / 4` picks the
+/// half of the tile) against its `8 * NT` batch rows, both operands read
+/// from the stage through 128-byte-swizzle descriptors (the stages' own
+/// layout), then waits for them. The accumulators come out in the warps'
+/// `mma.sync` layout, so staging and epilogue are shared.
+///
+/// # Safety
+/// As [`mma_stage`]; the stage is 1024-byte aligned and its copies were
+/// made visible to the async proxy (`fence.proxy.async`) before the
+/// block's barrier.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
+    stage: u32,
+    acc: &mut [[[f32; 4]; NT]; MT],
+) {
+    let (warp, wb) = warp_place::<NT, T>();
+    let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
+    let b0 = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
+    arch::wgmma_fence();
+    fence_acc(&mut acc[0]);
+    if MT > 1 {
+        fence_acc(&mut acc[1 % MT]);
+    }
+    // Unrolled by hand, as in mma_stage (as a loop, the accumulators went
+    // to local memory).
+    unroll8!(FUSED_BLOCK_K as usize / 16, kk => {
+        let kk = kk as u32;
+        // A k16 step is 32 bytes into every 128-byte row.
+        let b = arch::wgmma_desc_k_major_sw128(b0 + 32 * kk);
+        // SAFETY: the caller's contract; both warpgroup-uniform.
+        unsafe {
+            M::wgmma(&mut acc[0], arch::wgmma_desc_k_major_sw128(a0 + 32 * kk), b);
+            if MT > 1 {
+                M::wgmma(
+                    &mut acc[1 % MT],
+                    arch::wgmma_desc_k_major_sw128(a0 + FUSED_BLOCK_V * ROW_BYTES + 32 * kk),
+                    b,
+                );
+            }
+        }
+    });
+    arch::wgmma_commit_wait_all();
+    fence_acc(&mut acc[0]);
+    if MT > 1 {
+        fence_acc(&mut acc[1 % MT]);
     }
 }
 
@@ -520,13 +641,20 @@ unsafe fn fused_sample<
     const { assert!(MT as u32 == fused_mtiles(NB)) };
     const { assert!(WC * pass_rows(T) == MT as u32 * FUSED_BLOCK_V && NB <= HC * pass_rows(T)) };
     const { assert!(MT <= 2 && ER <= 2 && ER as u32 * T >= NB * SLOTS) };
+    // The warpgroup path (sm_90a) has m64n16 / m64n32 / m64n64.
+    const { assert!(NT == 2 || NT == 4 || NT == 8) };
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
     let (warp, wb) = warp_place::<NT, T>();
     let b0 = arch::block_idx_x() * NB;
     // 16-byte alignment for cp.async and ldmatrix (the dynamic shared
     // memory symbol takes the largest alignment any kernel asks for).
-    let smem = arch::dynamic_shared::<Align16>() as *mut u8;
+    let raw = arch::dynamic_shared::<Align16>() as *mut u8;
+    // The stages 1024-byte aligned, as the 128-byte swizzle of `wgmma`'s
+    // descriptors needs (the launch adds 1024 bytes).
+    let skip = arch::smem_addr(raw).wrapping_neg() % 1024;
+    // SAFETY: inside the dynamic shared memory (fused_smem_bytes).
+    let smem = unsafe { raw.add(skip as usize) };
     let smem0 = arch::smem_addr(smem);
     let stage_bytes = fused_stage_bytes(NB);
     let stages = fused_stages(NB);
@@ -598,6 +726,9 @@ unsafe fn fused_sample<
                     3 => arch::cp_async_wait_group::<1>(),
                     _ => arch::cp_async_wait_group::<0>(),
                 }
+                // wgmma reads the stage through the async proxy.
+                #[cfg(target_feature = "sm_90a")]
+                arch::fence_proxy_async_shared();
                 arch::bar_sync();
                 mma_stage::<M, NT, MT, T>(smem0 + (kb % stages) * stage_bytes, &mut acc);
                 let next = kb + stages - 1;

@@ -159,10 +159,12 @@ pub const fn fused_staging_bytes(block_b: u32) -> u32 {
 /// Dynamic shared memory of `fused_sample_*_b{block_b}`: one tile a step
 /// stages its logits after the pipeline stages (the next step's copies
 /// fill the stages during the epilogue); two tiles a step stage both
-/// tiles' logits in the stages, idle until the next step.
+/// tiles' logits in the stages, idle until the next step. Both align the
+/// stages to 1024 bytes.
 pub const fn fused_smem_bytes(block_b: u32) -> u32 {
     let stages = fused_stages(block_b) * fused_stage_bytes(block_b);
-    if fused_mtiles(block_b) == 1 {
+    // 1024 bytes to align the stages to (wgmma's swizzle).
+    1024 + if fused_mtiles(block_b) == 1 {
         stages + fused_staging_bytes(block_b)
     } else if stages > 2 * fused_staging_bytes(block_b) {
         stages
