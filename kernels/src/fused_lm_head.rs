@@ -399,40 +399,15 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
 /// `$body` with `$i` bound to each constant `0 .. $n` in turn (`$n <= 8`,
 /// known after monomorphisation, so the untaken copies fold away).
 macro_rules! unroll8 {
-    ($n:expr, $i:ident => $body:block) => {{
+    ($n:expr, $i:ident => $body:block) => {
+        unroll8!(@each $n, $i, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@each $n:expr, $i:ident, $body:block, $($k:literal)*) => {{
         const { assert!($n <= 8) };
-        if 0 < $n {
-            let $i: usize = 0;
+        $(if $k < $n {
+            let $i: usize = $k;
             $body
-        }
-        if 1 < $n {
-            let $i: usize = 1;
-            $body
-        }
-        if 2 < $n {
-            let $i: usize = 2;
-            $body
-        }
-        if 3 < $n {
-            let $i: usize = 3;
-            $body
-        }
-        if 4 < $n {
-            let $i: usize = 4;
-            $body
-        }
-        if 5 < $n {
-            let $i: usize = 5;
-            $body
-        }
-        if 6 < $n {
-            let $i: usize = 6;
-            $body
-        }
-        if 7 < $n {
-            let $i: usize = 7;
-            $body
-        }
+        })*
     }};
 }
 
