@@ -19,9 +19,9 @@ pub(crate) struct Kernels {
     pub softmax_write_f32: CudaFunction,
     pub gumbel_probe: CudaFunction,
     pub read_probe: CudaFunction,
-    /// `fused_sample_bf16_b{16,32,64}`.
+    /// `fused_sample_bf16_b{16,32,64,128}`, in `FUSED_BATCH_TILES` order.
     pub fused_bf16: [CudaFunction; 4],
-    /// `fused_sample_f16_b{16,32,64}`.
+    /// `fused_sample_f16_b{16,32,64,128}`, in `FUSED_BATCH_TILES` order.
     pub fused_f16: [CudaFunction; 4],
     pub fused_finish: CudaFunction,
     pub topk_topp_stats_f32: CudaFunction,

@@ -896,8 +896,19 @@ unsafe fn epilogue(
     }
 }
 
+/// Hidden-state copies a thread issues per stage for a batch tile of
+/// `block_b` rows: the passes of the block that cover at least 64 rows
+/// (smaller tiles leave copies absent, which fold away; with exactly one
+/// copy the 16-row kernel's code came out different).
+const fn hidden_copies(block_b: u32) -> u32 {
+    let rows = if block_b > 64 { block_b } else { 64 };
+    rows.div_ceil(pass_rows(fused_threads(block_b)))
+}
+
+/// A `fused_sample` entry point for a batch tile of `$nb` rows, its
+/// shape parameters derived from the tile (see [`fused_sample`]).
 macro_rules! fused_entry {
-    ($name:ident, $mma:ty, $nb:literal, $mt:literal, $hc:literal, $er:literal, $t:literal) => {
+    ($name:ident, $mma:ty, $nb:literal) => {
         /// `fused_sample` (see the module docs) for a batch tile of
         #[doc = concat!(stringify!($nb), " rows.")]
         ///
@@ -921,12 +932,12 @@ macro_rules! fused_entry {
                 fused_sample::<
                     $mma,
                     $nb,
-                    { $nb / 8 / ($t / 256) },
-                    $mt,
-                    { $mt * FUSED_BLOCK_V / pass_rows($t) },
-                    $hc,
-                    $er,
-                    $t,
+                    { $nb / 8 / (fused_threads($nb) / 256) as usize },
+                    { fused_mtiles($nb) as usize },
+                    { fused_mtiles($nb) * FUSED_BLOCK_V / pass_rows(fused_threads($nb)) },
+                    { hidden_copies($nb) },
+                    { (($nb * SLOTS).div_ceil(fused_threads($nb))) as usize },
+                    { fused_threads($nb) },
                 >(
                     hidden,
                     weight,
@@ -943,18 +954,14 @@ macro_rules! fused_entry {
     };
 }
 
-// name, operand type, batch rows NB, tiles a step MT (fused_mtiles),
-// hidden-state copies a thread HC (NB <= HC * pass_rows(T); 2 at 16 and
-// 32 rows leaves absent copies, which fold away), epilogue roles a thread
-// ER, threads T (fused_threads).
-fused_entry!(fused_sample_bf16_b16, Bf16, 16, 1, 2, 1, 256);
-fused_entry!(fused_sample_bf16_b32, Bf16, 32, 1, 2, 1, 256);
-fused_entry!(fused_sample_bf16_b64, Bf16, 64, 2, 1, 1, 512);
-fused_entry!(fused_sample_bf16_b128, Bf16, 128, 2, 2, 1, 512);
-fused_entry!(fused_sample_f16_b16, F16, 16, 1, 2, 1, 256);
-fused_entry!(fused_sample_f16_b32, F16, 32, 1, 2, 1, 256);
-fused_entry!(fused_sample_f16_b64, F16, 64, 2, 1, 1, 512);
-fused_entry!(fused_sample_f16_b128, F16, 128, 2, 2, 1, 512);
+fused_entry!(fused_sample_bf16_b16, Bf16, 16);
+fused_entry!(fused_sample_bf16_b32, Bf16, 32);
+fused_entry!(fused_sample_bf16_b64, Bf16, 64);
+fused_entry!(fused_sample_bf16_b128, Bf16, 128);
+fused_entry!(fused_sample_f16_b16, F16, 16);
+fused_entry!(fused_sample_f16_b32, F16, 32);
+fused_entry!(fused_sample_f16_b64, F16, 64);
+fused_entry!(fused_sample_f16_b128, F16, 128);
 
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy

@@ -99,25 +99,21 @@ pub const fn fused_mtiles(block_b: u32) -> u32 {
 }
 /// Pipeline stages of `fused_sample_*_b{block_b}` (`cp.async` groups in
 /// flight: one fewer): for batch tiles of 16 / 32 rows, as many as leave
-/// two blocks per SM in shared memory (5 / 4: 98 / 96 KiB), so that small
+/// two blocks per SM in shared memory (5 / 4: 99 / 98 KiB), so that small
 /// batches, which only stream the LM head, keep 128 / 96 KiB of it in
 /// flight per SM instead of 64; for 64 / 128 rows (two tiles a step, one
-/// block per SM), as many as fit one block (4 / 3: 193 / 210 KiB).
+/// block per SM) 4 (161 / 193 KiB; 3 was no faster at 128 rows).
 pub const fn fused_stages(block_b: u32) -> u32 {
-    match block_b {
-        0..=16 => 5,
-        17..=32 => 4,
-        33..=64 => 4,
-        _ => 4,
-    }
+    if block_b <= 16 { 5 } else { 4 }
 }
 /// Threads per block of `fused_sample_*_b{block_b}`: groups of eight
 /// warps, each group covering every vocabulary row of a step and its share
-/// of the batch tile. One group up to 64 rows; two at 128 (16 warps, one
-/// block per SM: at eight, the tensor pipes idled about half the time on
-/// the fixed latency between dependent `mma`s and on the epilogue).
+/// of the batch tile. One group for one tile a step; two for two (16
+/// warps, one block per SM: at eight, the tensor pipes idled about half
+/// the time on the fixed latency between dependent `mma`s and on the
+/// epilogue).
 pub const fn fused_threads(block_b: u32) -> u32 {
-    if block_b <= 32 { 256 } else { 512 }
+    256 * fused_mtiles(block_b)
 }
 /// Resident blocks per SM `fused_sample_*_b{block_b}`'s registers are
 /// fitted to (its launch bounds): two for one tile a step (at most 128

@@ -102,50 +102,52 @@ impl Smem {
         Smem(arch::dynamic_shared::<Quad>() as *mut u8)
     }
 
+    /// The region at byte offset `off`, as a `T` pointer.
+    #[inline(always)]
+    fn region<T>(self, off: usize) -> *mut T {
+        // SAFETY (of the offset): every caller's offset is one of the
+        // layout's regions, inside the dynamic shared memory.
+        unsafe { self.0.add(off) as *mut T }
+    }
+
     /// The histogram of pass parity `parity` (0 or 1).
     #[inline(always)]
     fn hist(self, parity: u32) -> *mut u32 {
-        // SAFETY (of the offset): both histograms lie in the fixed part.
-        unsafe { self.0.add(parity as usize * HIST_BYTES) as *mut u32 }
+        self.region(parity as usize * HIST_BYTES)
     }
 
     #[inline(always)]
     fn gather(self) -> *mut u64 {
-        // SAFETY (of the offset): inside the fixed part.
-        unsafe { self.0.add(GATHER_OFF) as *mut u64 }
+        self.region(GATHER_OFF)
     }
 
     #[inline(always)]
     fn warp_partials(self) -> *mut u64 {
-        // SAFETY (of the offset): inside the fixed part.
-        unsafe { self.0.add(SCRATCH_OFF) as *mut u64 }
+        self.region(SCRATCH_OFF)
     }
 
     #[inline(always)]
     fn ctl(self, word: usize) -> *mut u32 {
-        // SAFETY (of the offset): inside the fixed part.
-        unsafe { (self.0.add(CTL_OFF) as *mut u32).add(word) }
+        self.region(CTL_OFF + 4 * word)
     }
 
     /// The reduced histogram slice this CTA owns in a cluster (groups of
     /// four counts, at most `BUCKETS / 8` of them).
     #[inline(always)]
     fn slice(self) -> *mut Quad {
-        // SAFETY (of the offset): inside the fixed part.
-        unsafe { self.0.add(SLICE_OFF) as *mut Quad }
+        self.region(SLICE_OFF)
     }
 
     /// The total of the reduced slice.
     #[inline(always)]
     fn slice_total(self) -> *mut u32 {
-        // SAFETY (of the offset): inside the fixed part.
-        unsafe { self.0.add(SLICE_TOTAL_OFF) as *mut u32 }
+        self.region(SLICE_TOTAL_OFF)
     }
 
+    /// The row cache, after the fixed part.
     #[inline(always)]
     fn cache(self) -> *mut Quad {
-        // SAFETY (of the offset): the cache follows the fixed part.
-        unsafe { self.0.add(CACHE_OFF) as *mut Quad }
+        self.region(CACHE_OFF)
     }
 }
 
