@@ -12,16 +12,18 @@ use crate::device::Device;
 use crate::error::{Result, param, shape};
 use crate::rows::{DType, LogitElem, RowParams, Rows, SplitArg, split_for_batch, split_for_vocab};
 
-/// Scratch memory of the multi-block kernels: per-block partial results and
-/// per-row tickets. Belongs to one stream at a time (calls on different
-/// streams need different workspaces). The kernels leave the tickets at zero,
-/// so a workspace can serve any later call or graph replay; it grows on
-/// demand, which allocates: before capturing a CUDA graph, run the captured
-/// call once (or [`Workspace::reserve`]) so that capture allocates nothing.
+/// Scratch memory of the multi-block kernels: per-block partial results,
+/// per-row tickets and per-row running maxima. Belongs to one stream at a
+/// time (calls on different streams need different workspaces). The kernels
+/// leave the tickets and maxima at zero, so a workspace can serve any later
+/// call or graph replay; it grows on demand, which allocates: before
+/// capturing a CUDA graph, run the captured call once (or
+/// [`Workspace::reserve`]) so that capture allocates nothing.
 #[derive(Debug)]
 pub struct Workspace {
     partial: CudaSlice<u64>,
     counters: CudaSlice<u32>,
+    keys: CudaSlice<u64>,
 }
 
 impl Workspace {
@@ -30,16 +32,20 @@ impl Workspace {
         Ok(Workspace {
             partial: stream.alloc_zeros(1)?,
             counters: stream.alloc_zeros(1)?,
+            keys: stream.alloc_zeros(1)?,
         })
     }
 
-    /// Grows to hold `partial` words and `rows` tickets.
+    /// Grows to hold `partial` words and `rows` tickets and maxima.
     pub fn reserve(&mut self, stream: &Arc<CudaStream>, partial: usize, rows: usize) -> Result<()> {
         if self.partial.len() < partial {
             self.partial = stream.alloc_zeros(partial)?;
         }
         if self.counters.len() < rows {
             self.counters = stream.alloc_zeros(rows)?;
+        }
+        if self.keys.len() < rows {
+            self.keys = stream.alloc_zeros(rows)?;
         }
         Ok(())
     }
@@ -213,13 +219,13 @@ impl Device {
         check_ptr("tokens", raw.tokens, 4)?;
         check_ptr("valid", raw.valid, 1)?;
         let split = split_for_batch(&raw.rows, self.sm_count());
-        ws.fit(stream, &split, 1)?;
+        ws.fit(stream, &split, 0)?;
         let k = self.kernels();
         let func = match raw.dtype {
             DType::F32 => &k.sampling_f32,
             DType::Bf16 => &k.sampling_bf16,
         };
-        let (p, _g1) = ws.partial.device_ptr_mut(stream);
+        let (m, _g1) = ws.keys.device_ptr_mut(stream);
         let (c, _g2) = ws.counters.device_ptr_mut(stream);
         let arg = SplitArg(split);
         let mut b = stream.launch_builder(func);
@@ -229,13 +235,13 @@ impl Device {
             .arg(&raw.offset)
             .arg(&raw.tokens)
             .arg(&raw.valid)
-            .arg(&p)
+            .arg(&m)
             .arg(&c)
             .arg(&arg);
         // SAFETY: the argument list matches `sampling_from_logits_*`'s
         // signature; the caller guarantees the buffers (validated sizes and
-        // alignment above); the workspace holds batch * ctas_per_row partials
-        // and batch zeroed tickets; ctas_per_row <= ROW_THREADS by the split.
+        // alignment above); the workspace holds batch zeroed maxima and
+        // tickets; ctas_per_row <= ROW_THREADS by the split.
         unsafe { b.launch(row_launch(&split)) }?;
         Ok(())
     }

@@ -279,6 +279,34 @@ pub unsafe fn atom_add_acq_rel_gpu_u32(p: *mut u32, v: u32) -> u32 {
     old
 }
 
+/// `atom.relaxed.gpu.global.max.u64`: returns nothing (a reduction).
+///
+/// # Safety
+/// `p` is an 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn red_max_relaxed_gpu_u64(p: *mut u64, v: u64) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("red.relaxed.gpu.global.max.u64 [{p}], {v};",
+             p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+}
+
+/// `atom.relaxed.gpu.global.exch.b64`: stores `v`, returns the old value.
+///
+/// # Safety
+/// `p` is an 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atom_exch_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("atom.relaxed.gpu.global.exch.b64 {o}, [{p}], {v};",
+             o = out(reg64) old, p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+    old
+}
+
 /// `atom.global.max.u32` (relaxed): returns the old value.
 ///
 /// # Safety

@@ -18,13 +18,14 @@ pub fn warp_max_u64(mut v: u64) -> u64 {
     v
 }
 
-/// Maximum of `v` over the block; every thread gets it.
+/// Maximum of `v` over the block, valid in thread 0 only (one barrier).
 ///
 /// # Safety
 /// Every thread of the block calls it; `smem` points to at least
-/// `block_dim / 32 + 1` u64 of shared memory no one else uses meanwhile.
+/// `block_dim / 32` u64 of shared memory no one else uses until the next
+/// barrier after the call.
 #[inline(always)]
-pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
+pub unsafe fn block_max_u64_to_first(v: u64, smem: *mut u64) -> u64 {
     let tid = arch::thread_idx_x();
     let warps = arch::block_dim_x() / 32;
     let v = warp_max_u64(v);
@@ -41,9 +42,25 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
         };
         if tid < 32 {
             r = warp_max_u64(r);
-            if tid == 0 {
-                *smem.add(warps as usize) = r;
-            }
+        }
+        r
+    }
+}
+
+/// Maximum of `v` over the block; every thread gets it.
+///
+/// # Safety
+/// Every thread of the block calls it; `smem` points to at least
+/// `block_dim / 32 + 1` u64 of shared memory no one else uses meanwhile.
+#[inline(always)]
+pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
+    let tid = arch::thread_idx_x();
+    let warps = arch::block_dim_x() / 32;
+    // SAFETY: the caller's contract covers the slots.
+    unsafe {
+        let r = block_max_u64_to_first(v, smem);
+        if tid == 0 {
+            *smem.add(warps as usize) = r;
         }
         arch::bar_sync();
         let out = *smem.add(warps as usize);

@@ -193,30 +193,33 @@ impl Race {
         }
     }
 
-    /// Token `j` with logit `x`, scaled logit `xs = x * inv_t` and noise
-    /// word `bits`.
+    /// The cheapest rejection, integer selects and an add only (no
+    /// conversion or logarithm, which run at a quarter of the ALU rate):
+    /// whether token `xs` with noise word `bits` may reach the threshold.
+    /// The noise of a word in the lower half is at most
+    /// `GUMBEL_BOUND_LOWER`, and of all but one word in 256 at most
+    /// `GUMBEL_BOUND_COMMON`; with the approximation error (twice, covering
+    /// the rounding of the sum) a token below the threshold by more than
+    /// that would fail the approximate test of [`Race::visit`] too. Branch
+    /// free, so that four tokens cost one branch.
     #[inline(always)]
-    fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
-        // Cheapest rejection first, integer and add only (no conversion or
-        // logarithm, which run at a quarter of the ALU rate): the noise of a
-        // word in the lower half is at most GUMBEL_BOUND_LOWER, and of all
-        // but one word in 256 at most GUMBEL_BOUND_COMMON; with the
-        // approximation error (twice, covering the rounding of the sum) a
-        // token below the threshold by more than that is skipped, as the
-        // approximate test below would skip it.
+    fn may_reach(&self, xs: f32, bits: u32) -> bool {
         let cap = if bits < 0x8000_0000 {
             LOWER_CAP
         } else if !bits >= noise::COMMON_WORD_MIN {
             COMMON_CAP
         } else {
-            // One word in 256: no cheap bound. (The leading-ones bound,
-            // `noise::gumbel_upper_bound`, measured 8 % slower at B = 1024,
-            // likely because a third case turns the selects into branches.)
+            // One word in 256: no cheap bound.
             f32::INFINITY
         };
-        if xs + cap < self.thr {
-            return;
-        }
+        // NaN fails here, as it fails the approximate test.
+        xs + cap >= self.thr
+    }
+
+    /// Token `j` with logit `x`, scaled logit `xs = x * inv_t` and noise
+    /// word `bits`, which passed [`Race::may_reach`].
+    #[inline(always)]
+    fn visit(&mut self, x: f32, xs: f32, bits: u32, j: u32) {
         let a = if x == f32::INFINITY {
             f32::INFINITY
         } else {
@@ -261,10 +264,27 @@ impl Race {
                 return;
             }
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
-            self.visit(x[0], xs[0], r[0], j);
-            self.visit(x[1], xs[1], r[1], j + 1);
-            self.visit(x[2], xs[2], r[2], j + 2);
-            self.visit(x[3], xs[3], r[3], j + 3);
+            let p = [
+                self.may_reach(xs[0], r[0]),
+                self.may_reach(xs[1], r[1]),
+                self.may_reach(xs[2], r[2]),
+                self.may_reach(xs[3], r[3]),
+            ];
+            if !(p[0] | p[1] | p[2] | p[3]) {
+                return;
+            }
+            if p[0] {
+                self.visit(x[0], xs[0], r[0], j);
+            }
+            if p[1] {
+                self.visit(x[1], xs[1], r[1], j + 1);
+            }
+            if p[2] {
+                self.visit(x[2], xs[2], r[2], j + 2);
+            }
+            if p[3] {
+                self.visit(x[3], xs[3], r[3], j + 3);
+            }
         }
     }
 
@@ -273,12 +293,13 @@ impl Race {
         if self.greedy {
             self.visit_greedy(x, j);
         } else {
-            self.visit(
-                x,
+            let (xs, bits) = (
                 x * self.inv_t,
                 philox::token_noise(self.key, self.offset, j),
-                j,
             );
+            if self.may_reach(xs, bits) {
+                self.visit(x, xs, bits, j);
+            }
         }
     }
 }

@@ -5,16 +5,17 @@
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
 //! shared memory `(ROW_THREADS / 32 + 3) * 8` bytes. With more than one block
-//! per row, the last block to finish (an acq_rel ticket on `counters[row]`)
-//! reduces the row's partial maxima and resets its counter to 0.
+//! per row, each block's thread 0 folds the block's best key into
+//! `keys[row]` (an atomic maximum) and takes an acq_rel ticket on
+//! `counters[row]`; the last one takes the row's key, writes the token and
+//! resets both words to 0.
 //!
 //! # Safety (caller)
 //! `logits` holds `batch` rows of `split.row_stride` elements with `vocab`
-//! readable; `temperature`, `seed`, `offset`, `tokens`, `valid` and
-//! `counters` hold `batch` elements, `partial` `batch * ctas_per_row`;
-//! `counters` is zero before the launch (every launch leaves it zero);
-//! `ctas_per_row <= ROW_THREADS`; no other launch uses `partial` or
-//! `counters` at the same time.
+//! readable; `temperature`, `seed`, `offset`, `tokens`, `valid`, `keys` and
+//! `counters` hold `batch` elements; `keys` and `counters` are zero before
+//! the launch (every launch leaves them zero); `ctas_per_row <= ROW_THREADS`;
+//! no other launch uses `keys` or `counters` at the same time.
 
 use crate::arch;
 use crate::block;
@@ -94,6 +95,31 @@ impl Elem for Bf16 {
 /// Vectors in flight per thread before the first is used.
 const UNROLL: u32 = 4;
 
+/// One round of a thread's vectors: `UNROLL` (4) 16-byte loads
+/// `ROW_THREADS` vectors apart from vector `v`, those at or past `nvec` not
+/// issued (zeros). Written out: an indexed loop left the array in local
+/// memory.
+///
+/// # Safety
+/// `vec_ptr(i)` is a readable 16-byte aligned address for every `i < nvec`.
+#[inline(always)]
+unsafe fn load_round(
+    v: u32,
+    nvec: u32,
+    vec_ptr: impl Fn(u32) -> *const u32,
+) -> [[u32; 4]; UNROLL as usize] {
+    let load = |i: u32| {
+        let vi = v + i * ROW_THREADS;
+        if vi < nvec {
+            // SAFETY: vi < nvec (caller's contract).
+            unsafe { arch::ld_global_nc_v4_u32(vec_ptr(vi)) }
+        } else {
+            [0; 4]
+        }
+    };
+    [load(0), load(1), load(2), load(3)]
+}
+
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn sampling_from_logits<E: Elem>(
@@ -103,7 +129,7 @@ unsafe fn sampling_from_logits<E: Elem>(
     offset: *const u64,
     tokens: *mut u32,
     valid: *mut u8,
-    partial: *mut u64,
+    keys: *mut u64,
     counters: *mut u32,
     split: RowSplit,
 ) {
@@ -114,7 +140,6 @@ unsafe fn sampling_from_logits<E: Elem>(
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let r = row as usize;
-        let mut race = Race::new(*temperature.add(r), *seed.add(r), *offset.add(r));
         let lo = c * split.chunk;
         let hi = if lo + split.chunk < split.vocab {
             lo + split.chunk
@@ -124,8 +149,16 @@ unsafe fn sampling_from_logits<E: Elem>(
         let row_ptr = logits.add(r * split.row_stride as usize * E::BYTES);
         let lanes = E::LANES;
         let aligned = (row_ptr as usize) % 16 == 0 && split.vocab % lanes == 0;
+        // Chunks are multiples of 8 elements: every block starts aligned.
+        let nvec = if aligned { (hi - lo) / lanes } else { 0 };
+        let vec_ptr = |vi: u32| row_ptr.add((lo + vi * lanes) as usize * E::BYTES) as *const u32;
+        // The first round's loads go out before anything waits (the row's
+        // parameters, the barrier below): at small batches a block has one
+        // round, and its latency is the kernel's.
+        let mut round = load_round(tid, nvec, vec_ptr);
+        let mut race = Race::new(*temperature.add(r), *seed.add(r), *offset.add(r));
         // The block's running best approximate score, shared after every
-        // round of loads so that each thread filters against the whole
+        // round but the last so that each thread filters against the whole
         // block's tokens, not just its own.
         let shared_top = arch::smem_addr(smem.add((ROW_THREADS / 32 + 2) as usize));
         if tid == 0 {
@@ -133,37 +166,30 @@ unsafe fn sampling_from_logits<E: Elem>(
         }
         arch::bar_sync();
         if aligned {
-            // Chunks are multiples of 8 elements: every block starts aligned.
-            // Each thread issues UNROLL 16-byte loads before using the first;
-            // the rounds are uniform over the block (the warp-wide sharing
-            // needs whole warps).
-            let nvec = (hi - lo) / lanes;
-            let vec_ptr =
-                |vi: u32| row_ptr.add((lo + vi * lanes) as usize * E::BYTES) as *const u32;
+            // Rounds of UNROLL vectors per thread, uniform over the block
+            // (the sharing needs whole warps); vectors past the chunk are
+            // neither loaded nor visited.
             let mut base = 0;
-            while base + UNROLL * ROW_THREADS <= nvec {
-                let v = base + tid;
-                let a = arch::ld_global_nc_v4_u32(vec_ptr(v));
-                let b = arch::ld_global_nc_v4_u32(vec_ptr(v + ROW_THREADS));
-                let c = arch::ld_global_nc_v4_u32(vec_ptr(v + 2 * ROW_THREADS));
-                let d = arch::ld_global_nc_v4_u32(vec_ptr(v + 3 * ROW_THREADS));
-                E::visit_vec(a, lo + v * lanes, &mut race);
-                E::visit_vec(b, lo + (v + ROW_THREADS) * lanes, &mut race);
-                E::visit_vec(c, lo + (v + 2 * ROW_THREADS) * lanes, &mut race);
-                E::visit_vec(d, lo + (v + 3 * ROW_THREADS) * lanes, &mut race);
+            loop {
+                let [a, b, c, d] = round;
+                let mut visit = |x: [u32; 4], i: u32| {
+                    let v = base + tid + i * ROW_THREADS;
+                    if v < nvec {
+                        E::visit_vec(x, lo + v * lanes, &mut race);
+                    }
+                };
+                visit(a, 0);
+                visit(b, 1);
+                visit(c, 2);
+                visit(d, 3);
+                base += UNROLL * ROW_THREADS;
+                if base >= nvec {
+                    break;
+                }
                 if !race.is_greedy() {
                     race.raise(block::block_running_max_f32(race.top_score(), shared_top));
                 }
-                base += UNROLL * ROW_THREADS;
-            }
-            let mut v = base + tid;
-            while v < nvec {
-                E::visit_vec(
-                    arch::ld_global_nc_v4_u32(vec_ptr(v)),
-                    lo + v * lanes,
-                    &mut race,
-                );
-                v += ROW_THREADS;
+                round = load_round(base + tid, nvec, vec_ptr);
             }
         } else {
             let mut j = lo + tid;
@@ -172,80 +198,48 @@ unsafe fn sampling_from_logits<E: Elem>(
                 j += ROW_THREADS;
             }
         }
-        let best = block::block_max_u64(race.take_best().0, smem);
-        finish_row(
-            best,
-            row,
-            c,
-            split.ctas_per_row,
-            tokens,
-            valid,
-            partial,
-            counters,
-            smem,
-        );
+        let best = block::block_max_u64_to_first(race.take_best().0, smem);
+        if tid == 0 {
+            finish_row(best, row, split.ctas_per_row, tokens, valid, keys, counters);
+        }
     }
 }
 
 /// Writes a row's token from its blocks' maxima: directly with one block per
-/// row, else through `partial` and the last-block ticket.
+/// row, else through `keys[row]` and the last-block ticket. Called by thread
+/// 0 of each block with the block's best key.
 ///
 /// # Safety
-/// Called by every thread of the block with the block's maximum; the
-/// pointers satisfy the kernel's launch contract.
-#[allow(clippy::too_many_arguments)]
+/// The pointers satisfy the kernel's launch contract.
 #[inline(always)]
 unsafe fn finish_row(
     best: u64,
     row: u32,
-    c: u32,
     ctas_per_row: u32,
     tokens: *mut u32,
     valid: *mut u8,
-    partial: *mut u64,
+    keys: *mut u64,
     counters: *mut u32,
-    smem: *mut u64,
 ) {
-    let tid = arch::thread_idx_x();
     let r = row as usize;
     // SAFETY: the launch contract covers every access.
     unsafe {
         let winner = if ctas_per_row == 1 {
             best
         } else {
-            let flag = smem.add((ROW_THREADS / 32 + 1) as usize);
-            if tid == 0 {
-                *partial.add(r * ctas_per_row as usize + c as usize) = best;
-                arch::fence_acq_rel_gpu();
-                let ticket = arch::atom_add_acq_rel_gpu_u32(counters.add(r), 1);
-                *flag = u64::from(ticket == ctas_per_row - 1);
-            }
-            arch::bar_sync();
-            if *flag == 0 {
+            arch::red_max_relaxed_gpu_u64(keys.add(r), best);
+            // The ticket's release orders the maximum before it; the last
+            // block's acquire sees every block's maximum.
+            let ticket = arch::atom_add_acq_rel_gpu_u32(counters.add(r), 1);
+            if ticket != ctas_per_row - 1 {
                 return;
             }
-            arch::fence_acq_rel_gpu();
-            let mut m = 0u64;
-            let mut i = tid;
-            while i < ctas_per_row {
-                let p =
-                    arch::ld_relaxed_gpu_u64(partial.add(r * ctas_per_row as usize + i as usize));
-                if p > m {
-                    m = p;
-                }
-                i += ROW_THREADS;
-            }
-            let m = block::block_max_u64(m, smem);
-            if tid == 0 {
-                *counters.add(r) = 0;
-            }
-            m
+            *counters.add(r) = 0;
+            arch::atom_exch_relaxed_gpu_u64(keys.add(r), 0)
         };
-        if tid == 0 {
-            let ok = sample::is_valid(winner);
-            *tokens.add(r) = if ok { sample::token(winner) } else { 0 };
-            *valid.add(r) = u8::from(ok);
-        }
+        let ok = sample::is_valid(winner);
+        *tokens.add(r) = if ok { sample::token(winner) } else { 0 };
+        *valid.add(r) = u8::from(ok);
     }
 }
 
@@ -264,7 +258,7 @@ macro_rules! sampling_entry {
             offset: *const u64,
             tokens: *mut u32,
             valid: *mut u8,
-            partial: *mut u64,
+            keys: *mut u64,
             counters: *mut u32,
             split: RowSplit,
         ) {
@@ -277,7 +271,7 @@ macro_rules! sampling_entry {
                     offset,
                     tokens,
                     valid,
-                    partial,
+                    keys,
                     counters,
                     split,
                 )
