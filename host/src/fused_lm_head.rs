@@ -184,6 +184,28 @@ impl Shard {
     }
 }
 
+/// Which of the `of` fused launches that share a device at once (simulated
+/// or co-located shards) a launch is: it gets its share of the device's
+/// resident blocks, the first `resident % of` launches one more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub index: u32,
+    pub of: u32,
+}
+
+impl Slot {
+    /// The only launch on its device.
+    pub const ALONE: Slot = Slot { index: 0, of: 1 };
+
+    /// This launch's share of `resident` blocks (at least 1).
+    fn blocks(self, resident: u32) -> u32 {
+        let of = u64::from(self.of.max(1));
+        let i = u64::from(self.index).min(of - 1);
+        let r = u64::from(resident);
+        ((r * (i + 1) / of - r * i / of) as u32).max(1)
+    }
+}
+
 /// u64 words of the partials of `batch` rows of `parts` parts each.
 pub(crate) fn partial_words(batch: usize, parts: usize) -> usize {
     batch * parts * FUSED_PARTIAL_WORDS as usize
@@ -302,7 +324,7 @@ impl Device {
         let p = whole.params(&shape, bias.is_some(), whole.tiles, 0);
         ws.reserve(stream, partial_words(shape.batch, whole.tiles), 1)?;
         let (part, _g) = ws.partial_mut().device_ptr_mut(stream);
-        self.launch_fused_tiles(stream, &input, &p, part, 0, 1)?;
+        self.launch_fused_tiles(stream, &input, &p, part, 0, Slot::ALONE)?;
         self.launch_fused_finish(stream, part, &p, out)
     }
 
@@ -338,8 +360,8 @@ impl Device {
 
     /// Launches `fused_sample_*` for `input` on `stream` with parameters
     /// `p`, writing the partials to `partial` (and to the `p.peers` buffers
-    /// whose addresses `peer_table` holds), its grid sized for `share`
-    /// launches running on the device at once.
+    /// whose addresses `peer_table` holds), its grid sized for its `slot`
+    /// among the launches running on the device at once.
     ///
     /// The caller has checked `input` ([`Device::check_head_input`] with
     /// `p`'s shape) and sized every partial buffer for `p`.
@@ -350,7 +372,7 @@ impl Device {
         p: &FusedParams,
         partial: CUdeviceptr,
         peer_table: CUdeviceptr,
-        share: u32,
+        slot: Slot,
     ) -> Result<()> {
         let batch = p.batch as usize;
         let (h, _g1) = input.hidden.device_ptr(stream);
@@ -376,7 +398,7 @@ impl Device {
         // CTAs along the vocabulary, each looping over steps of
         // fused_mtiles(nb) tiles.
         let steps = p.tiles.div_ceil(fused_mtiles(nb));
-        let ctas_v = (resident / batch_tiles.saturating_mul(share.max(1))).clamp(1, steps);
+        let ctas_v = (slot.blocks(resident) / batch_tiles).clamp(1, steps);
         let params = input.params;
         let (t, _g4) = params.temperature.device_ptr(stream);
         let (s, _g5) = params.seed.device_ptr(stream);
@@ -474,6 +496,19 @@ pub(crate) fn configure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_split_the_resident_blocks() {
+        assert_eq!(Slot::ALONE.blocks(132), 132);
+        for of in 1..=9u32 {
+            let shares: Vec<u32> = (0..of).map(|index| Slot { index, of }.blocks(132)).collect();
+            assert_eq!(shares.iter().sum::<u32>(), 132, "{of}: {shares:?}");
+            let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{of}: {shares:?}");
+        }
+        // More launches than blocks: each still gets one.
+        assert_eq!(Slot { index: 3, of: 8 }.blocks(4), 1);
+    }
 
     #[test]
     fn shapes_are_validated() {

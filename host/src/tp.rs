@@ -54,7 +54,9 @@ use flashsample_kernels::sample::MAX_VOCAB;
 
 use crate::device::Device;
 use crate::error::{Error, Result, param, shape};
-use crate::fused_lm_head::{FusedOutput, HeadElem, HeadInput, HeadShape, Shard, partial_words};
+use crate::fused_lm_head::{
+    FusedOutput, HeadElem, HeadInput, HeadShape, Shard, Slot, partial_words,
+};
 
 /// Most shards a [`VocabSplit`] may have.
 pub const MAX_SHARDS: usize = 1024;
@@ -319,8 +321,8 @@ struct PeerRank {
     table: CudaSlice<u64>,
     written: CudaEvent,
     read: CudaEvent,
-    /// Ranks of the group on this rank's device (itself included).
-    share: u32,
+    /// This rank among the group's ranks on its device.
+    slot: Slot,
 }
 
 /// One rank of the caller's NCCL communicators.
@@ -460,11 +462,13 @@ impl TpSampler<'static> {
             }
         }
         let mut group = PeerGroup { ranks: Vec::new() };
-        for (dev, stream) in ranks {
-            let share = ranks
-                .iter()
-                .filter(|(d, _)| Arc::ptr_eq(d.context(), dev.context()))
-                .count() as u32;
+        for (i, (dev, stream)) in ranks.iter().enumerate() {
+            let same =
+                |(d, _): &&(Device, Arc<CudaStream>)| Arc::ptr_eq(d.context(), dev.context());
+            let slot = Slot {
+                index: ranks[..i].iter().filter(same).count() as u32,
+                of: ranks.iter().filter(same).count() as u32,
+            };
             group.ranks.push(PeerRank {
                 device: dev.clone(),
                 stream: stream.clone(),
@@ -472,7 +476,7 @@ impl TpSampler<'static> {
                 table: stream.alloc_zeros(ranks.len().max(2) - 1)?,
                 written: dev.context().new_event(None)?,
                 read: dev.context().new_event(None)?,
-                share,
+                slot,
             });
         }
         Ok(TpSampler::with(split, Exchange::Peer(group)))
@@ -686,7 +690,17 @@ impl OneDevice {
         {
             s.wait(&self.fork)?;
             let p = l.params(r, input.bias.is_some(), 0);
-            dev.launch_fused_tiles(s, input, &p, part, 0, n)?;
+            dev.launch_fused_tiles(
+                s,
+                input,
+                &p,
+                part,
+                0,
+                Slot {
+                    index: r as u32,
+                    of: n,
+                },
+            )?;
             join.record(s)?;
         }
         for join in &self.joins {
@@ -715,7 +729,7 @@ impl PeerGroup {
             let (table, _g) = rank.table.device_ptr(&rank.stream);
             let p = l.params(r, input.bias.is_some(), n - 1);
             rank.device
-                .launch_fused_tiles(&rank.stream, input, &p, part, table, rank.share)?;
+                .launch_fused_tiles(&rank.stream, input, &p, part, table, rank.slot)?;
             rank.written.record(&rank.stream)?;
         }
         for (r, out) in outs.iter_mut().enumerate() {
@@ -788,7 +802,7 @@ fn nccl_run<T: HeadElem>(
         let (part, _g) = rank.partial.device_ptr_mut(&rank.stream);
         let p = l.params(rank.comm.rank(), input.bias.is_some(), 0);
         rank.device
-            .launch_fused_tiles(&rank.stream, input, &p, part, 0, 1)?;
+            .launch_fused_tiles(&rank.stream, input, &p, part, 0, Slot::ALONE)?;
     }
     // An all-gather of uneven pieces: rank q broadcasts its parts in place
     // into the same words of every rank's buffer. Grouped, so that one
