@@ -621,20 +621,26 @@ pub fn wgmma_fence() {
 }
 
 /// `wgmma.commit_group.sync.aligned` then `wgmma.wait_group.sync.aligned
-/// 0`: every `wgmma` this thread issued has completed, its accumulators
-/// written (fence them with [`operand_fence_32`] before reading them) and its
-/// shared-memory reads done.
+/// N`: every `wgmma` group this thread committed but the newest `N` has
+/// completed (its accumulators written, its shared-memory reads done).
 #[cfg(target_feature = "sm_90a")]
 #[inline(always)]
-pub fn wgmma_commit_wait_all() {
+pub fn wgmma_commit_wait<const N: u32>() {
     // SAFETY: warpgroup-wide ordering instructions.
     unsafe {
-        asm!(
-            "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
-            options(nostack)
-        )
+        asm!("wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned {n};",
+             n = const N, options(nostack))
     };
+}
+
+/// `wgmma.wait_group.sync.aligned 0`: every `wgmma` this thread issued has
+/// completed, its accumulators written (fence them with
+/// [`operand_fence_32`] before reading them).
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn wgmma_wait_all() {
+    // SAFETY: a warpgroup-wide ordering instruction.
+    unsafe { asm!("wgmma.wait_group.sync.aligned 0;", options(nostack)) };
 }
 
 /// `fence.proxy.async.shared::cta`: this thread's earlier writes to shared
@@ -671,7 +677,7 @@ macro_rules! wgmma_m64k16 {
         #[doc = concat!("`wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, "`: `d += a b`")]
         /// for the 64 x 16 A tile and 16 x N B tile (both K-major) the
         /// descriptors `a` and `b` describe; asynchronous until
-        /// [`wgmma_commit_wait_all`].
+        /// [`wgmma_commit_wait`].
         ///
         /// # Safety
         /// Every thread of the warpgroup executes it with the same

@@ -353,6 +353,8 @@ struct Pipeline<const WC: u32, const HC: u32, const T: u32> {
     smem0: u32,
     stages: u32,
     stage_bytes: u32,
+    /// `mma_lag` of the kernel.
+    lag: u32,
     /// k-blocks of a tile.
     nk: u32,
     dim: u32,
@@ -385,7 +387,7 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
     #[inline(always)]
     unsafe fn prologue(&self, w: &RowCopies<WC, T>) {
         let mut s = 0;
-        while s < self.stages - 1 {
+        while s < self.stages - 1 - self.lag {
             if s < self.nk {
                 // SAFETY: forwarded.
                 unsafe { self.load(w, self.smem0 + s * self.stage_bytes, s) };
@@ -393,6 +395,21 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
             arch::cp_async_commit_group();
             s += 1;
         }
+    }
+}
+
+/// k-blocks whose tensor-core work may still be in flight when the next
+/// k-block's is issued, for `MT` tiles a step: 1 for two tiles a step on
+/// sm_90a (compute-bound batches: `wgmma` groups waited for one k-block
+/// later), else 0 (`mma.sync`, and the streaming small batches, which
+/// keep every stage for loads in flight). The pipeline loads that many
+/// fewer k-blocks ahead, so that a stage is overwritten only once every
+/// warpgroup's `wgmma` reading it has completed.
+const fn mma_lag(nt: usize, mt: usize) -> u32 {
+    if cfg!(target_feature = "sm_90a") && mt > 1 && nt == 8 {
+        1
+    } else {
+        0
     }
 }
 
@@ -517,7 +534,22 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
             }
         }
     });
-    arch::wgmma_commit_wait_all();
+    // With a lag of 1 the previous k-block's group has completed (its
+    // stage may be overwritten after the next barrier) and this one's
+    // stays in flight; with 0, this one's has completed too.
+    if mma_lag(NT, MT) == 1 {
+        arch::wgmma_commit_wait::<1>();
+    } else {
+        arch::wgmma_commit_wait::<0>();
+    }
+}
+
+/// After the main loop on sm_90a: every `wgmma` complete and the
+/// accumulators fenced, so that the staging reads their final values.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+fn wgmma_drain<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT]) {
+    arch::wgmma_wait_all();
     fence_acc(&mut acc[0]);
     if MT > 1 {
         fence_acc(&mut acc[1 % MT]);
@@ -665,10 +697,12 @@ unsafe fn fused_sample<
         // At most FUSED_MAX_STRIDE (the host checks).
         p.hidden_stride as u32,
     );
+    let lag = mma_lag(NT, MT);
     let pipe = Pipeline {
         smem0,
         stages,
         stage_bytes,
+        lag,
         nk,
         dim: p.dim,
         h: h_copy,
@@ -692,10 +726,10 @@ unsafe fn fused_sample<
             }
             let mut kb = 0;
             while kb < nk {
-                // All but the newest `stages - 2` groups complete: k-block
-                // `kb` has landed (`stages` is the tile size's constant,
-                // so this folds to one instruction).
-                match stages {
+                // All but the newest `stages - 2 - lag` groups
+                // complete: k-block `kb` has landed (constants, so this
+                // folds to one instruction).
+                match stages - lag {
                     5 => arch::cp_async_wait_group::<3>(),
                     4 => arch::cp_async_wait_group::<2>(),
                     3 => arch::cp_async_wait_group::<1>(),
@@ -706,7 +740,9 @@ unsafe fn fused_sample<
                 arch::fence_proxy_async_shared();
                 arch::bar_sync();
                 mma_stage::<M, NT, MT, T>(smem0 + (kb % stages) * stage_bytes, &mut acc);
-                let next = kb + stages - 1;
+                // Into the stage of k-block kb - 1 - lag, whose
+                // readers every thread has waited for before the barrier.
+                let next = kb + stages - 1 - lag;
                 if next < nk {
                     pipe.load(&w_copy, smem0 + (next % stages) * stage_bytes, next);
                 }
@@ -714,6 +750,8 @@ unsafe fn fused_sample<
                 kb += 1;
             }
             arch::cp_async_wait_group::<0>();
+            #[cfg(target_feature = "sm_90a")]
+            wgmma_drain(&mut acc);
 
             // The step's second tile, unless the step is past the shard's
             // last tile (its rows zero-filled; it has no part).
