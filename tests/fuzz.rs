@@ -467,6 +467,7 @@ fn radix_top_k_never_panics() {
                 max_cluster: pick(&[0, 0, 1, 2, 8, 8, 16, u32::MAX], rng),
                 ctas_per_sm: pick(&[0, 1, 1, 2, 4, u32::MAX], rng),
                 cache_elems: pick(&[0, 1, 49_792, u32::MAX], rng),
+                cluster_slots: std::array::from_fn(|_| pick(&[0, 1, 16, 132, u32::MAX], rng)),
             };
             (rows, max_k, caps)
         },

@@ -288,54 +288,62 @@ pub struct RadixCaps {
     pub ctas_per_sm: u32,
     /// Elements of a chunk one CTA caches in shared memory.
     pub cache_elems: u32,
+    /// Clusters of `c` radix CTAs the GPU runs at once, at index `c` (1 to
+    /// [`MAX_CLUSTER`]; 0 where it cannot, and everywhere without
+    /// clusters): the rows a wave of the cluster route holds.
+    pub cluster_slots: [u32; MAX_CLUSTER as usize + 1],
 }
 
-// The cost model's constants (H200 estimates, to be recalibrated from the
-// bench's per-route table): HBM read bandwidth, the most one CTA streams
-// alone, L2 bandwidth of one CTA re-reading an uncached chunk, the fixed
-// time of a CTA (passes over the cache, sort, stage 2, barriers), and the
-// cost of each CTA of a cluster (histogram reads through DSMEM).
-const HBM_BYTES_PER_US: f64 = 4.0e6;
-const CTA_MAX_BYTES_PER_US: f64 = 6.0e4;
-const CTA_L2_BYTES_PER_US: f64 = 1.0e5;
-const CTA_FIXED_US: f64 = 2.0;
-const PEER_US: f64 = 0.1;
+// The cost model, fitted on the H200 to the bench's every-route table of
+// session 4 (V = 128256, k = 50; docs/performance.md, radix v3): a row's
+// CTAs, all resident, take a fixed time plus a time per element of the
+// chunk and per element re-read past the cache; rows beyond what the GPU
+// holds at once run in further waves.
+const CTA_FIXED_US: f64 = 12.9;
+const US_PER_ELEM: f64 = 0.43e-3;
+const US_PER_REREAD: f64 = 0.12e-3;
 /// Fewest elements per CTA worth splitting a row for.
 const MIN_CHUNK: u32 = 2048;
 
-/// Estimated time of a radix launch with `ctas` CTAs per row.
-fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
-    let vocab = rows.vocab as u64;
-    let chunk = vocab.div_ceil(u64::from(ctas));
+/// Estimated time of a radix launch with `ctas` CTAs per row, as clusters
+/// (`clustered`) or plain CTAs; infinite where the GPU cannot run one row.
+fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f64 {
+    let ctas = ctas.max(1);
+    let chunk = (rows.vocab as u64).div_ceil(u64::from(ctas));
     let uncached = chunk.saturating_sub(u64::from(caps.cache_elems));
-    let slots = u64::from(caps.sm_count.max(1)) * u64::from(caps.ctas_per_sm.max(1));
-    // Saturating: absurd shapes (rejected at launch) must not overflow
-    // the estimate.
-    let ctas_total = (rows.batch as u64).saturating_mul(u64::from(ctas));
-    let active = ctas_total.min(slots);
-    let waves = ctas_total.div_ceil(slots) as f64;
-    let bw = (HBM_BYTES_PER_US / active as f64).min(CTA_MAX_BYTES_PER_US);
-    // The streaming pass reads the chunk once; the gather pass reads the
-    // uncached part again (from L2).
-    let per_cta = chunk as f64 * 4.0 / bw
-        + uncached as f64 * 4.0 / CTA_L2_BYTES_PER_US
-        + CTA_FIXED_US
-        + PEER_US * f64::from(ctas);
-    waves * per_cta
+    let rows_at_once = if clustered {
+        caps.cluster_slots
+            .get(ctas as usize)
+            .map_or(0, |&n| u64::from(n))
+    } else {
+        u64::from(caps.sm_count) * u64::from(caps.ctas_per_sm) / u64::from(ctas)
+    };
+    if rows_at_once == 0 {
+        return f64::INFINITY;
+    }
+    let waves = (rows.batch.max(1) as u64).div_ceil(rows_at_once) as f64;
+    waves * (CTA_FIXED_US + chunk as f64 * US_PER_ELEM + uncached as f64 * US_PER_REREAD)
 }
 
 /// The route of a request of `rows` with largest `top_k` `max_k` on a GPU
 /// with `caps`: the pivot path above [`SLAB`]; else the CTAs per row (1 to
 /// [`MAX_CLUSTER`], at least 2048 elements each) that minimise the
-/// estimated time (waves of resident CTAs, each streaming its chunk at its
-/// share of the bandwidth, re-reading what its cache cannot hold, plus a
-/// fixed cost), as a cluster where the GPU has them, else a cooperative
-/// launch when its CTAs fit the GPU at once, else one CTA per row.
+/// estimated time (waves of the rows the GPU holds at once, each a fixed
+/// time plus a time per element of its CTAs' chunks and per element
+/// re-read past their cache), as a cluster where the GPU has them, else a
+/// cooperative launch when its CTAs fit the GPU at once, else one CTA per
+/// row.
 ///
 /// ```
 /// use flashsample::{RadixCaps, Route, Rows, plan_route};
 ///
-/// let h200 = RadixCaps { sm_count: 132, max_cluster: 8, ctas_per_sm: 1, cache_elems: 49_792 };
+/// let h200 = RadixCaps {
+///     sm_count: 132,
+///     max_cluster: 8,
+///     ctas_per_sm: 1,
+///     cache_elems: 48_764,
+///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
+/// };
 /// assert_eq!(plan_route(&Rows::contiguous(1, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
 /// assert_eq!(plan_route(&Rows::contiguous(8, 128_256), 2000, &h200), Route::Pivot);
 /// ```
@@ -351,9 +359,11 @@ pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
         let slots = u64::from(caps.sm_count) * u64::from(caps.ctas_per_sm);
         (slots / rows.batch.max(1) as u64).min(by_chunk)
     };
-    let mut best = (1u32, radix_time_us(rows, 1, caps));
+    // One CTA per row is a cluster of one where the GPU has clusters.
+    let clustered = caps.max_cluster >= 1;
+    let mut best = (1u32, radix_time_us(rows, 1, caps, clustered));
     for ctas in 2..=limit as u32 {
-        let t = radix_time_us(rows, ctas, caps);
+        let t = radix_time_us(rows, ctas, caps, caps.max_cluster >= 2);
         if t < best.1 {
             best = (ctas, t);
         }
@@ -455,13 +465,16 @@ impl RadixKernels {
         let cache_elems = (smem_budget.saturating_sub(RADIX_FIXED_SMEM) / 4) & !3;
         let clusters = dev.arch().starts_with("sm_9")
             && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
-        let mut max_cluster = 0;
+        let mut cluster_slots = [0; MAX_CLUSTER as usize + 1];
         if clusters {
-            max_cluster = (1..=MAX_CLUSTER)
-                .rev()
-                .find(|&c| max_active_clusters(ctx, cluster, c, smem_budget).is_ok_and(|n| n > 0))
-                .unwrap_or(0);
+            for (c, n) in cluster_slots.iter_mut().enumerate().skip(1) {
+                *n = max_active_clusters(ctx, cluster, c as u32, smem_budget).unwrap_or(0);
+            }
         }
+        let max_cluster = (1..=MAX_CLUSTER)
+            .rev()
+            .find(|&c| cluster_slots[c as usize] > 0)
+            .unwrap_or(0);
         Ok(RadixKernels {
             cluster,
             coop,
@@ -471,6 +484,7 @@ impl RadixKernels {
                 max_cluster,
                 ctas_per_sm,
                 cache_elems,
+                cluster_slots,
             },
             coop_per_sm,
             smem_budget,
@@ -913,11 +927,13 @@ impl Device {
 mod tests {
     use super::*;
 
+    // Cluster slots assumed (132 / c); the GPU reports its own.
     const H200: RadixCaps = RadixCaps {
         sm_count: 132,
         max_cluster: 8,
         ctas_per_sm: 1,
-        cache_elems: 49_792,
+        cache_elems: 48_764,
+        cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
     };
 
     #[test]
@@ -932,6 +948,7 @@ mod tests {
         );
         let ampere = RadixCaps {
             max_cluster: 0,
+            cluster_slots: [0; MAX_CLUSTER as usize + 1],
             ..H200
         };
         assert_eq!(
@@ -979,8 +996,8 @@ mod tests {
                 "V = {vocab}: {one:?}"
             );
         }
-        let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200);
-        let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200);
+        let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200, true);
+        let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200, true);
         assert!(t1.is_finite() && t8.is_finite() && t1 > 0.0 && t8 > 0.0);
     }
 }
