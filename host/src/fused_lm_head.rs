@@ -501,7 +501,9 @@ mod tests {
     fn slots_split_the_resident_blocks() {
         assert_eq!(Slot::ALONE.blocks(132), 132);
         for of in 1..=9u32 {
-            let shares: Vec<u32> = (0..of).map(|index| Slot { index, of }.blocks(132)).collect();
+            let shares: Vec<u32> = (0..of)
+                .map(|index| Slot { index, of }.blocks(132))
+                .collect();
             assert_eq!(shares.iter().sum::<u32>(), 132, "{of}: {shares:?}");
             let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
             assert!(hi - lo <= 1, "{of}: {shares:?}");
