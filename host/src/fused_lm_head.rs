@@ -210,7 +210,7 @@ impl Slot {
 /// the fewest rounds (`ceil(steps / slots)`), and as few CTAs as keep that
 /// many, so that every CTA takes the same number of steps to within one.
 /// Measured on the H200 (B = 1, 264 slots): 1187 tiles on 238 CTAs (5 each)
-/// take 6 % less time than on 264 (4 or 5), 1002 on 251 (4 each) 2 % less
+/// take 5 % less time than on 264 (4 or 5), 1002 on 251 (4 each) 2 % less
 /// than on 264 (3 or 4); a last round with half the CTAs streams at about
 /// half the rate, so it costs a whole round.
 fn balanced_ctas(steps: u32, slots: u32) -> u32 {
