@@ -181,6 +181,16 @@ fn fence_acc<const NT: usize>(d: &mut [[f32; 4]; NT]) {
         }
     }
 }
+
+/// [`fence_acc`] over the step's `MT` tiles' accumulators.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+fn fence_step_acc<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT]) {
+    fence_acc(&mut acc[0]);
+    if MT > 1 {
+        fence_acc(&mut acc[1 % MT]);
+    }
+}
 struct Bf16;
 struct F16;
 
@@ -399,12 +409,13 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
 }
 
 /// k-blocks whose tensor-core work may still be in flight when the next
-/// k-block's is issued, for `MT` tiles a step: 1 for two tiles a step on
-/// sm_90a (compute-bound batches: `wgmma` groups waited for one k-block
-/// later), else 0 (`mma.sync`, and the streaming small batches, which
-/// keep every stage for loads in flight). The pipeline loads that many
-/// fewer k-blocks ahead, so that a stage is overwritten only once every
-/// warpgroup's `wgmma` reading it has completed.
+/// k-block's is issued, for `NT` n-tiles a warp and `MT` tiles a step: 1
+/// for the 128-row batch tile on sm_90a (`NT` 8, two tiles a step:
+/// `wgmma` groups waited for one k-block later), else 0 (`mma.sync`; the
+/// 64-row tile, which measured 4-5 % slower with the lag because it needs
+/// its loads in flight; the streaming small batches). The pipeline loads
+/// that many fewer k-blocks ahead, so that a stage is overwritten only once
+/// every warpgroup's `wgmma` reading it has completed.
 const fn mma_lag(nt: usize, mt: usize) -> u32 {
     if cfg!(target_feature = "sm_90a") && mt > 1 && nt == 8 {
         1
@@ -512,10 +523,7 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
     let b0 = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
     arch::wgmma_fence();
-    fence_acc(&mut acc[0]);
-    if MT > 1 {
-        fence_acc(&mut acc[1 % MT]);
-    }
+    fence_step_acc(acc);
     // Unrolled by hand, as in mma_stage (as a loop, the accumulators went
     // to local memory).
     unroll8!(FUSED_BLOCK_K as usize / 16, kk => {
@@ -550,10 +558,7 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 #[inline(always)]
 fn wgmma_drain<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT]) {
     arch::wgmma_wait_all();
-    fence_acc(&mut acc[0]);
-    if MT > 1 {
-        fence_acc(&mut acc[1 % MT]);
-    }
+    fence_step_acc(acc);
 }
 
 /// A thread's epilogue role: batch row `eb` of the tile, token slot `slot`
