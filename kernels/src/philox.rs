@@ -14,10 +14,14 @@ pub const STREAM_TOKEN_NOISE: u32 = 0;
 /// Counter word 1 of the per-row uniform stream (inverse-CDF draws).
 pub const STREAM_ROW_UNIFORM: u32 = 1;
 
+/// `(hi, lo)` of the 64-bit product. Written as two 32-bit products (the
+/// high one from a 64-bit multiply, which LLVM turns into `mul.hi.u32`),
+/// not as halves of one 64-bit value: with those, LLVM kept Philox's words
+/// in 64-bit registers and ptxas spent an add on every high word, a third
+/// of the kernels' Philox instructions.
 #[inline(always)]
 fn mulhilo(a: u32, b: u32) -> (u32, u32) {
-    let p = (a as u64) * (b as u64);
-    ((p >> 32) as u32, p as u32)
+    (((a as u64 * b as u64) >> 32) as u32, a.wrapping_mul(b))
 }
 
 #[inline(always)]

@@ -264,6 +264,14 @@ impl Race {
                 return;
             }
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
+            // One test for the group: the largest scaled logit with the
+            // noise bound of the largest word (monotone in the word), so
+            // that the usual group (no word near the top of the range, no
+            // logit near the threshold) costs no per-token test.
+            let w = r[0].max(r[1]).max(r[2].max(r[3]));
+            if top + (noise::gumbel_tier_bound(w) + 2.0 * GUMBEL_APPROX_ERR) < self.thr {
+                return;
+            }
             let p = [
                 self.may_reach(xs[0], r[0]),
                 self.may_reach(xs[1], r[1]),

@@ -186,10 +186,12 @@ unsafe fn sampling_from_logits<E: Elem>(
                 if base >= nvec {
                     break;
                 }
+                // The next round's loads go out before the barrier of the
+                // block's running maximum, so that their latency overlaps it.
+                round = load_round(base + tid, nvec, vec_ptr);
                 if !race.is_greedy() {
                     race.raise(block::block_running_max_f32(race.top_score(), shared_top));
                 }
-                round = load_round(base + tid, nvec, vec_ptr);
             }
         } else {
             let mut j = lo + tid;
