@@ -12,6 +12,13 @@
 //! `B * tiles * 24` bytes; this bench cannot see those.) Writes a markdown
 //! table to `FLASHSAMPLE_BENCH_OUT` when set; `FLASHSAMPLE_BENCH_ONLY`
 //! selects cases by name (`V=151936 d=4096 B=8`).
+//!
+//! Then a timeline of one sharded call per case (the second of two back to
+//! back, so that the host is ahead as in the timed loop): events on the main stream
+//! before and after the call and on every shard's stream after it (each
+//! completes with that shard's launch), so that the report shows when the
+//! first and the last shard finished and how long the finish took after the
+//! last one, against the unsharded call's time.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -19,12 +26,14 @@ mod harness;
 
 use std::fmt::Write as _;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::{FusedOutput, HeadInput, HeadShape, Result, RowParams, TpSampler, VocabSplit};
 use half::bf16;
 use harness::{gaussian_bf16, time_us};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use std::sync::Arc;
 
 const SHARDS: [usize; 4] = [2, 3, 4, 8];
 const TARGET_ADDED: f64 = 0.03;
@@ -60,6 +69,7 @@ fn main() -> Result<()> {
     )
     .ok();
     let mut misses = 0;
+    let mut timelines = String::new();
     for (vocab, dim) in [(151_936usize, 4096usize), (128_256, 8192), (262_144, 5376)] {
         let batches: Vec<usize> = [1usize, 8, 64]
             .into_iter()
@@ -92,7 +102,11 @@ fn main() -> Result<()> {
             let mut worst = f64::NEG_INFINITY;
             for n in SHARDS {
                 let split = VocabSplit::tile_aligned(vocab, n)?;
-                let mut tp = TpSampler::one_device(&dev, &stream, split.clone())?;
+                let shard_streams = (0..n)
+                    .map(|_| dev.new_stream())
+                    .collect::<Result<Vec<_>>>()?;
+                let mut tp =
+                    TpSampler::one_device_on(&dev, &stream, shard_streams.clone(), split.clone())?;
                 let heads: Vec<_> = (0..n)
                     .map(|r| {
                         let rows = split.range(r).unwrap_or_default();
@@ -110,6 +124,20 @@ fn main() -> Result<()> {
                     .collect();
                 let outs = std::slice::from_mut(&mut out);
                 let t_tp = time_us(&stream, 3, 5, |_| tp.sample(shape, &inputs, outs))?;
+                let ends = timeline(&stream, &shard_streams, || tp.sample(shape, &inputs, outs))?;
+                writeln!(
+                    timelines,
+                    "| {vocab} | {dim} | {batch} | {n} | {t_one:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                    ends.first_shard,
+                    ends.last_shard,
+                    ends.total,
+                    ends.each
+                        .iter()
+                        .map(|t| format!("{t:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
+                .ok();
                 let added = t_tp / t_one - 1.0;
                 worst = worst.max(added);
                 write!(row, " {t_tp:.1} ({:+.1} %) |", added * 100.0).ok();
@@ -131,9 +159,68 @@ fn main() -> Result<()> {
             table.push_str(&row);
         }
     }
+    table.push_str(
+        "\nTimeline of one sharded call, the second of two back to back (us after its start; each shard's end is an event on its stream):\n\n\
+         | V | d | B | N | unsharded us | first shard done | last shard done | call done | each shard done |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    table.push_str(&timelines);
     harness::report(&table)?;
     if misses > 0 {
         println!("{misses} case(s) miss the target");
     }
     Ok(())
+}
+
+/// When the shards and the whole call of one `call` finished, in us after
+/// its start.
+struct Ends {
+    first_shard: f64,
+    last_shard: f64,
+    /// Every shard's, in shard order.
+    each: Vec<f64>,
+    total: f64,
+}
+
+/// Runs `call` twice back to back and times the second between events on
+/// `stream`, with an event on every shard stream after it: the host is
+/// ahead of the device, as in the timed loop, so the shards' launches are
+/// all queued when the first call's join releases them.
+fn timeline(
+    stream: &Arc<CudaStream>,
+    shard_streams: &[Arc<CudaStream>],
+    mut call: impl FnMut() -> Result<()>,
+) -> Result<Ends> {
+    let ctx = stream.context();
+    let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    stream.synchronize()?;
+    let start = event()?;
+    let end = event()?;
+    let shard_ends = shard_streams
+        .iter()
+        .map(|_| event())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    call()?;
+    start.record(stream)?;
+    call()?;
+    for (e, s) in shard_ends.iter().zip(shard_streams) {
+        e.record(s)?;
+    }
+    end.record(stream)?;
+    end.synchronize()?;
+    let mut first = f64::INFINITY;
+    let mut last = 0.0f64;
+    let mut each = Vec::with_capacity(shard_ends.len());
+    for e in &shard_ends {
+        let t = f64::from(start.elapsed_ms(e)?) * 1000.0;
+        first = first.min(t);
+        last = last.max(t);
+        each.push(t);
+    }
+    Ok(Ends {
+        first_shard: first,
+        last_shard: last,
+        each,
+        total: f64::from(start.elapsed_ms(&end)?) * 1000.0,
+    })
 }

@@ -529,6 +529,21 @@ fn tp_rejects_bad_arguments() {
     let head = Problem::random(&mut rng, 4, 1000, 16).upload(&stream, bf16::from_f32);
     let split = VocabSplit::even(1000, 2).unwrap();
     let mut tp = TpSampler::one_device(&dev, &stream, split.clone()).unwrap();
+    // Shard streams: one short, and the sampler's own stream among them.
+    let one = vec![dev.new_stream().unwrap()];
+    assert!(matches!(
+        TpSampler::one_device_on(&dev, &stream, one.clone(), split.clone()),
+        Err(flashsample::Error::Shape { .. })
+    ));
+    assert!(
+        TpSampler::one_device_on(
+            &dev,
+            &stream,
+            vec![one[0].clone(), stream.clone()],
+            split.clone()
+        )
+        .is_err()
+    );
     let views: Vec<_> = (0..2)
         .map(|r| head.views(split.range(r).unwrap()))
         .collect();

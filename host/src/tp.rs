@@ -420,11 +420,37 @@ impl TpSampler<'static> {
         stream: &Arc<CudaStream>,
         split: VocabSplit,
     ) -> Result<TpSampler<'static>> {
-        device.check_stream(stream)?;
-        let n = split.shards();
-        let shard_streams = (0..n)
+        let shard_streams = (0..split.shards())
             .map(|_| device.new_stream())
             .collect::<Result<Vec<_>>>()?;
+        TpSampler::one_device_on(device, stream, shard_streams, split)
+    }
+
+    /// [`TpSampler::one_device`] on the caller's shard streams (one per
+    /// shard, all on `device`, none of them `stream`): for engines that
+    /// choose their streams' priorities, and for timelines (an event
+    /// recorded on shard `r`'s stream after [`TpSampler::sample`] completes
+    /// with shard `r`'s launch).
+    pub fn one_device_on(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shard_streams: Vec<Arc<CudaStream>>,
+        split: VocabSplit,
+    ) -> Result<TpSampler<'static>> {
+        device.check_stream(stream)?;
+        let n = split.shards();
+        if shard_streams.len() != n {
+            return Err(shape("shard_streams", n, shard_streams.len()));
+        }
+        for s in &shard_streams {
+            device.check_stream(s)?;
+            if Arc::ptr_eq(s, stream) {
+                return Err(param(
+                    "shard_streams",
+                    "a shard stream is the sampler's own stream (shards must fork from it)",
+                ));
+            }
+        }
         let joins = (0..n)
             .map(|_| device.context().new_event(None))
             .collect::<Result<Vec<_>, _>>()?;
