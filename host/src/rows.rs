@@ -165,7 +165,7 @@ pub(crate) fn split_for_batch(rows: &Rows, sm_count: u32) -> RowSplit {
         .div_ceil(MIN_CHUNK)
         .clamp(1, ROW_THREADS as usize);
     // Rounded down: one more block per row would spill the grid into a
-    // second wave (B = 32: 17 x 32 = 544 blocks for 528 slots).
+    // second wave (B = 32: 13 x 32 = 416 blocks for 396 slots).
     let ctas = (target / rows.batch).clamp(1, max_ctas);
     make_split(rows, ctas)
 }

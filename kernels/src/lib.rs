@@ -88,7 +88,7 @@ pub struct LaunchBounds {
 
 /// Kernels whose register count would otherwise cost resident blocks: the
 /// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
-/// [`params::ROW_THREADS`] per multiprocessor (ptxas: 64 registers, no
+/// [`params::ROW_THREADS`] per multiprocessor (ptxas: 80 registers, no
 /// spills) and the Qrita pre-filter pass at
 /// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
 /// no spills), and the fused sampler at [`params::fused_blocks_per_sm`]

@@ -171,6 +171,10 @@ unsafe fn sampling_from_logits<E: Elem>(
             // neither loaded nor visited.
             let mut base = 0;
             loop {
+                // The next round's loads go out before this round's visits
+                // (vectors past the chunk are not loaded), so that a
+                // thread always has a round in flight.
+                let next = load_round(base + UNROLL * ROW_THREADS + tid, nvec, vec_ptr);
                 let [a, b, c, d] = round;
                 let mut visit = |x: [u32; 4], i: u32| {
                     let v = base + tid + i * ROW_THREADS;
@@ -186,9 +190,7 @@ unsafe fn sampling_from_logits<E: Elem>(
                 if base >= nvec {
                     break;
                 }
-                // The next round's loads go out before the barrier of the
-                // block's running maximum, so that their latency overlaps it.
-                round = load_round(base + tid, nvec, vec_ptr);
+                round = next;
                 if !race.is_greedy() {
                     race.raise(block::block_running_max_f32(race.top_score(), shared_top));
                 }
