@@ -610,6 +610,19 @@ pub fn wgmma_desc_k_major_sw128(addr: u32) -> u64 {
     start | (leading << 16) | (stride << 32) | (1u64 << 62)
 }
 
+/// `desc` ([`wgmma_desc_k_major_sw128`]) moved `bytes` (a multiple of 16)
+/// further into shared memory: the low word's start-address field alone
+/// changes (shared addresses below 256 KiB fill its 14 bits without a
+/// carry out of them), so that one descriptor's arithmetic serves every k16
+/// step and tile of a stage (an add instead of forming each descriptor from
+/// its address).
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn wgmma_desc_offset(desc: u64, bytes: u32) -> u64 {
+    let lo = (desc as u32).wrapping_add(bytes >> 4);
+    (desc & !0xffff_ffff) | u64::from(lo)
+}
+
 /// `wgmma.fence.sync.aligned`: every thread of the warpgroup executes it
 /// before the first `wgmma` that reads registers written since (the
 /// accumulators: fence them with [`operand_fence_32`] after it).

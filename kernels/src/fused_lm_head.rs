@@ -526,18 +526,22 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     fence_step_acc(acc);
     // Unrolled by hand, as in mma_stage (as a loop, the accumulators went
     // to local memory).
+    let (a, b) = (
+        arch::wgmma_desc_k_major_sw128(a0),
+        arch::wgmma_desc_k_major_sw128(b0),
+    );
     unroll8!(FUSED_BLOCK_K as usize / 16, kk => {
-        let kk = kk as u32;
         // A k16 step is 32 bytes into every 128-byte row.
-        let b = arch::wgmma_desc_k_major_sw128(b0 + 32 * kk);
+        let k = 32 * kk as u32;
+        let bk = arch::wgmma_desc_offset(b, k);
         // SAFETY: the caller's contract; both warpgroup-uniform.
         unsafe {
-            M::wgmma(&mut acc[0], arch::wgmma_desc_k_major_sw128(a0 + 32 * kk), b);
+            M::wgmma(&mut acc[0], arch::wgmma_desc_offset(a, k), bk);
             if MT > 1 {
                 M::wgmma(
                     &mut acc[1 % MT],
-                    arch::wgmma_desc_k_major_sw128(a0 + FUSED_BLOCK_V * ROW_BYTES + 32 * kk),
-                    b,
+                    arch::wgmma_desc_offset(a, FUSED_BLOCK_V * ROW_BYTES + k),
+                    bk,
                 );
             }
         }
