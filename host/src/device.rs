@@ -15,6 +15,8 @@ use crate::ptx;
 pub(crate) struct Kernels {
     pub sampling_f32: CudaFunction,
     pub sampling_bf16: CudaFunction,
+    pub sampling_seeded_f32: CudaFunction,
+    pub sampling_seeded_bf16: CudaFunction,
     pub softmax_stats_f32: CudaFunction,
     pub softmax_write_f32: CudaFunction,
     pub gumbel_probe: CudaFunction,
@@ -109,6 +111,8 @@ impl Device {
         let kernels = Kernels {
             sampling_f32: f("sampling_from_logits_f32")?,
             sampling_bf16: f("sampling_from_logits_bf16")?,
+            sampling_seeded_f32: f("sampling_from_logits_seeded_f32")?,
+            sampling_seeded_bf16: f("sampling_from_logits_seeded_bf16")?,
             softmax_stats_f32: f("softmax_stats_f32")?,
             softmax_write_f32: f("softmax_write_f32")?,
             gumbel_probe: f("gumbel_filter_error_probe")?,

@@ -6,7 +6,7 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg, sys::CUdeviceptr,
 };
-use flashsample_kernels::params::{ROW_THREADS, RowSplit};
+use flashsample_kernels::params::{ROW_THREADS, RowSplit, sampling_seeded};
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
@@ -221,9 +221,12 @@ impl Device {
         let split = split_for_batch(&raw.rows, self.sm_count());
         ws.fit(stream, &split, 0)?;
         let k = self.kernels();
-        let func = match raw.dtype {
-            DType::F32 => &k.sampling_f32,
-            DType::Bf16 => &k.sampling_bf16,
+        let seeded = sampling_seeded(split.chunk, raw.dtype.size() as u32);
+        let func = match (raw.dtype, seeded) {
+            (DType::F32, false) => &k.sampling_f32,
+            (DType::Bf16, false) => &k.sampling_bf16,
+            (DType::F32, true) => &k.sampling_seeded_f32,
+            (DType::Bf16, true) => &k.sampling_seeded_bf16,
         };
         let (m, _g1) = ws.keys.device_ptr_mut(stream);
         let (c, _g2) = ws.counters.device_ptr_mut(stream);

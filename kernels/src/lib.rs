@@ -52,6 +52,8 @@ mod topk_topp;
 pub const ENTRY_POINTS: &[&str] = &[
     "sampling_from_logits_f32",
     "sampling_from_logits_bf16",
+    "sampling_from_logits_seeded_f32",
+    "sampling_from_logits_seeded_bf16",
     "softmax_stats_f32",
     "softmax_write_f32",
     "gumbel_filter_error_probe",
@@ -102,6 +104,16 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     },
     LaunchBounds {
         kernel: "sampling_from_logits_bf16",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "sampling_from_logits_seeded_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+    },
+    LaunchBounds {
+        kernel: "sampling_from_logits_seeded_bf16",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
     },

@@ -36,6 +36,16 @@ pub const ROW_THREADS: u32 = 256;
 /// 10 % slower).
 pub const SAMPLING_BLOCKS_PER_SM: u32 = 3;
 
+/// 16-byte vectors a thread of the sampling kernels loads a round.
+pub const SAMPLING_ROUND_VECTORS: u32 = 4;
+
+/// Whether a sampling launch whose blocks take `chunk` elements of
+/// `elem_bytes` bytes uses the seeded kernels (`sampling_from_logits_seeded_*`):
+/// blocks of more than one round.
+pub const fn sampling_seeded(chunk: u32, elem_bytes: u32) -> bool {
+    chunk as u64 * elem_bytes as u64 > (SAMPLING_ROUND_VECTORS * ROW_THREADS * 16) as u64
+}
+
 const _: () = assert!(core::mem::size_of::<RowSplit>() == 24);
 const _: () = assert!(core::mem::align_of::<RowSplit>() == 8);
 

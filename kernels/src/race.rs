@@ -134,6 +134,19 @@ impl Race {
         self.top_a
     }
 
+    /// The approximate score of token `j` with logit `x` (the value
+    /// [`Race::visit4`] computes for it): any thread of the row may
+    /// [`Race::raise`] its filter to it, since it is a token's approximate
+    /// score. Sampled rows only.
+    #[inline(always)]
+    pub fn approx_score(&self, x: f32, j: u32) -> f32 {
+        if x == f32::INFINITY {
+            f32::INFINITY
+        } else {
+            x * self.inv_t + gumbel_approx(philox::token_noise(self.key, self.offset, j))
+        }
+    }
+
     /// Raises the filter to an approximate score `a` that another thread of
     /// the same row has seen (a valid bound for every thread of the row).
     #[inline(always)]
