@@ -2,9 +2,10 @@
 //! (loaded once per process and device), and its kernels.
 
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
@@ -190,6 +191,64 @@ impl Device {
             Err(Error::WrongContext { what: "stream" })
         }
     }
+
+    /// Launches `func` on `stream` through `cuLaunchKernelEx`, after the
+    /// stream's previous kernel as usual, or, when `after_pass` and the
+    /// module has the `griddepcontrol` instructions (sm_90), with a
+    /// programmatic dependency on it: the kernel's blocks may start while
+    /// the previous kernel drains and wait for it in `griddepcontrol.wait`,
+    /// which hides most of a launch's latency between the passes of one
+    /// call.
+    ///
+    /// # Safety
+    /// `args` point to values of the kernel's parameter types, in order;
+    /// `cfg` satisfies the kernel's launch contract; with `after_pass`, the
+    /// kernel executes `griddepcontrol.wait` before it reads anything the
+    /// previous kernel on the stream writes.
+    pub(crate) unsafe fn launch_pass(
+        &self,
+        stream: &CudaStream,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        after_pass: bool,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        stream.context().bind_to_thread()?;
+        // SAFETY: an all-zero attribute is a valid (ignored) attribute.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let dependent = after_pass && self.0.arch.starts_with("sm_90");
+        let launch = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(dependent),
+        };
+        // SAFETY: the caller's contract; `launch` and `attr` outlive the
+        // call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch,
+                func.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()?
+        };
+        Ok(())
+    }
+}
+
+/// A kernel parameter's address, as `cuLaunchKernelEx` takes it.
+pub(crate) fn kernel_arg<T>(value: &T) -> *mut c_void {
+    value as *const T as *mut c_void
 }
 
 #[cfg(test)]

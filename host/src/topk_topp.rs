@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
 };
 use flashsample_kernels::params::{
     ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
 };
 
-use crate::device::Device;
+use crate::device::{Device, kernel_arg};
 use crate::error::{Result, param, shape};
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
@@ -150,41 +149,55 @@ fn launch_prefilter(
     let stride = rows.row_stride as u64;
     let batch = rows.batch as u32;
     let cfg = chunk_per_block(rows, lay)?;
-    let mut b = stream.launch_builder(&dev.kernels().topk_topp_stats_f32);
-    b.arg(&logits).arg(&vocab).arg(&stride).arg(&batch).arg(&ws);
-    // SAFETY: the argument list matches `topk_topp_stats_f32`'s signature;
-    // the caller validated `logits` (batch rows `row_stride` apart, 1 <=
-    // vocab <= MAX_VOCAB) and grew `ws` to the layout's words; a block per
-    // chunk of every row, as the kernel expects.
-    unsafe { b.launch(cfg) }?;
+    let k = dev.kernels();
+    let mut chunk_args = [
+        kernel_arg(&logits),
+        kernel_arg(&vocab),
+        kernel_arg(&stride),
+        kernel_arg(&batch),
+        kernel_arg(&ws),
+    ];
+    // SAFETY: the arguments match `topk_topp_stats_f32`'s signature; the
+    // caller validated `logits` (batch rows `row_stride` apart, 1 <= vocab
+    // <= MAX_VOCAB) and grew `ws` to the layout's words; a block per chunk
+    // of every row, as the kernel expects. The call's first pass: after
+    // whatever precedes it on the stream, as usual.
+    unsafe { dev.launch_pass(stream, &k.topk_topp_stats_f32, cfg, false, &mut chunk_args) }?;
     let (tk, _g1) = params.top_k.device_ptr(stream);
     let (tp, _g2) = params.top_p.device_ptr(stream);
     let (mp, _g3) = params.min_p.device_ptr(stream);
     let (t, _g4) = params.row.temperature.device_ptr(stream);
-    let mut b = stream.launch_builder(&dev.kernels().topk_topp_plan_f32);
-    b.arg(&logits)
-        .arg(&tk)
-        .arg(&tp)
-        .arg(&mp)
-        .arg(&t)
-        .arg(&vocab)
-        .arg(&stride)
-        .arg(&batch)
-        .arg(&ws);
+    let mut plan_args = [
+        kernel_arg(&logits),
+        kernel_arg(&tk),
+        kernel_arg(&tp),
+        kernel_arg(&mp),
+        kernel_arg(&t),
+        kernel_arg(&vocab),
+        kernel_arg(&stride),
+        kernel_arg(&batch),
+        kernel_arg(&ws),
+    ];
+    let plan_cfg = LaunchConfig {
+        shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
+        ..row_per_block(rows)
+    };
     // SAFETY: as above, for `topk_topp_plan_f32`; the four parameter
     // buffers hold at least `batch` elements (checked by the caller); a
-    // block per row, after the statistics pass on the same stream.
+    // block per row, after the statistics pass on the same stream (every
+    // pass waits for the previous one before reading: `pass_start`).
     unsafe {
-        b.launch(LaunchConfig {
-            shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
-            ..row_per_block(rows)
-        })
+        dev.launch_pass(
+            stream,
+            &k.topk_topp_plan_f32,
+            plan_cfg,
+            true,
+            &mut plan_args,
+        )
     }?;
-    let mut b = stream.launch_builder(&dev.kernels().topk_topp_filter_f32);
-    b.arg(&logits).arg(&vocab).arg(&stride).arg(&batch).arg(&ws);
     // SAFETY: as above, for `topk_topp_filter_f32`, after the plan kernel
     // on the same stream.
-    unsafe { b.launch(cfg) }?;
+    unsafe { dev.launch_pass(stream, &k.topk_topp_filter_f32, cfg, true, &mut chunk_args) }?;
     Ok(())
 }
 
@@ -230,13 +243,15 @@ impl Device {
         let (l, _g1) = logits.device_ptr_mut(stream);
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let (kp, _g6) = kept.device_ptr_mut(stream);
-        let mut b = stream.launch_builder(&self.kernels().topk_topp_mask_f32);
-        b.arg(&l)
-            .arg(&kp)
-            .arg(&vocab)
-            .arg(&stride)
-            .arg(&batch)
-            .arg(&w);
+        let k = self.kernels();
+        let mut mask_args = [
+            kernel_arg(&l),
+            kernel_arg(&kp),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
         // SAFETY: the argument list matches `topk_topp_mask_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated:
         // batch rows `row_stride` apart with `vocab` each, 1 <= vocab <=
@@ -245,12 +260,34 @@ impl Device {
         // passes before), all live cudarc buffers of this stream's context;
         // one block of ROW_THREADS per row with the shared memory the kernel
         // asks for, after the prefilter passes on this stream.
-        unsafe { b.launch(row_per_block(&rows)) }?;
-        let mut b = stream.launch_builder(&self.kernels().topk_topp_apply_f32);
-        b.arg(&l).arg(&vocab).arg(&stride).arg(&batch).arg(&w);
+        unsafe {
+            self.launch_pass(
+                stream,
+                &k.topk_topp_mask_f32,
+                row_per_block(&rows),
+                true,
+                &mut mask_args,
+            )
+        }?;
+        let mut apply_args = [
+            kernel_arg(&l),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
+        let apply_cfg = chunk_per_block(&rows, &lay)?;
         // SAFETY: as `launch_prefilter`'s passes, for
         // `topk_topp_apply_f32`, after the selection on this stream.
-        unsafe { b.launch(chunk_per_block(&rows, &lay)?) }?;
+        unsafe {
+            self.launch_pass(
+                stream,
+                &k.topk_topp_apply_f32,
+                apply_cfg,
+                true,
+                &mut apply_args,
+            )
+        }?;
         Ok(())
     }
 
@@ -302,16 +339,17 @@ impl Device {
         let (o, _g7) = params.row.offset.device_ptr(stream);
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
         let (v, _g9) = out.valid.device_ptr_mut(stream);
-        let mut b = stream.launch_builder(&self.kernels().topk_topp_sample_f32);
-        b.arg(&l)
-            .arg(&s)
-            .arg(&o)
-            .arg(&tok)
-            .arg(&v)
-            .arg(&vocab)
-            .arg(&stride)
-            .arg(&batch)
-            .arg(&w);
+        let mut sample_args = [
+            kernel_arg(&l),
+            kernel_arg(&s),
+            kernel_arg(&o),
+            kernel_arg(&tok),
+            kernel_arg(&v),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
         // SAFETY: the argument list matches `topk_topp_sample_f32`'s
         // signature; `logits` holds `rows.min_len()` elements (validated),
         // seeds, offsets and both outputs at least `batch` elements
@@ -320,7 +358,15 @@ impl Device {
         // this stream's context; one block of ROW_THREADS per row with the
         // shared memory the kernel asks for, after the prefilter passes on
         // this stream.
-        unsafe { b.launch(row_per_block(&rows)) }?;
+        unsafe {
+            self.launch_pass(
+                stream,
+                &self.kernels().topk_topp_sample_f32,
+                row_per_block(&rows),
+                true,
+                &mut sample_args,
+            )
+        }?;
         Ok(())
     }
 }

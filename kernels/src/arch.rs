@@ -478,6 +478,35 @@ pub unsafe fn atom_shared_add_u32(addr: u32, v: u32) -> u32 {
     old
 }
 
+/// Programmatic dependent launch, the dependent side (`griddepcontrol.wait`,
+/// sm_90): waits until every grid this one depends on programmatically has
+/// completed and its writes are visible; returns at once in a grid launched
+/// without such a dependency. Before it a kernel may not read what the
+/// previous kernel of its stream writes. (Nothing on GPUs before sm_90,
+/// where the host never launches with the dependency.)
+#[inline(always)]
+pub fn griddepcontrol_wait() {
+    #[cfg(target_feature = "sm_90")]
+    // SAFETY: an ordering instruction.
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    };
+}
+
+/// Programmatic dependent launch, the primary side
+/// (`griddepcontrol.launch_dependents`, sm_90): the next kernel of the
+/// stream, when launched with a programmatic dependency, may start once
+/// every block of this grid has executed this (its blocks then wait in
+/// [`griddepcontrol_wait`] for this grid to complete). Nothing before sm_90.
+#[inline(always)]
+pub fn griddepcontrol_launch_dependents() {
+    #[cfg(target_feature = "sm_90")]
+    // SAFETY: a scheduling hint; no memory effect.
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    };
+}
+
 /// `%cluster_ctarank`: this block's rank in its cluster (sm_90).
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]

@@ -1195,6 +1195,16 @@ unsafe fn read_params(
     }
 }
 
+/// Every pass's first step: lets the next pass of the call start its
+/// blocks (the host launches the passes after the first with a
+/// programmatic dependency on sm_90), then waits for the previous pass of
+/// the call to complete, before reading anything it wrote.
+#[inline(always)]
+fn pass_start() {
+    arch::griddepcontrol_launch_dependents();
+    arch::griddepcontrol_wait();
+}
+
 /// The (row, chunk) of this block of a chunked pass, and the row's slots.
 #[inline(always)]
 fn chunk_block(batch: u32, vocab: u32, ws: *mut u64) -> (u32, u32, Slots) {
@@ -1224,6 +1234,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: the launch contract in the module docs covers every access.
@@ -1264,6 +1275,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let r = arch::block_idx_x();
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: the launch contract in the module docs covers every access.
@@ -1321,6 +1333,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     let tid = arch::thread_idx_x();
@@ -1392,6 +1405,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let r = arch::block_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
@@ -1437,6 +1451,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     let tid = arch::thread_idx_x();
@@ -1538,6 +1553,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    pass_start();
     let r = arch::block_idx_x();
     let tid = arch::thread_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
