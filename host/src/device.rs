@@ -138,7 +138,7 @@ impl Device {
             topk_topp_apply_f32: f("topk_topp_apply_f32")?,
             topk_topp_sample_f32: f("topk_topp_sample_f32")?,
         };
-        crate::fused_lm_head::configure(&kernels.fused_bf16, &kernels.fused_f16)?;
+        crate::fused_lm_head::configure(arch, &kernels.fused_bf16, &kernels.fused_f16)?;
         crate::topk_topp::configure(&kernels.topk_topp_mask_f32, &kernels.topk_topp_sample_f32)?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?

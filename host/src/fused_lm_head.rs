@@ -9,8 +9,9 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use flashsample_kernels::params::{
-    FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FusedParams, fused_blocks_per_sm,
-    fused_mtiles, fused_smem_bytes, fused_threads,
+    FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_WS_THREADS, FusedParams, TensorMap,
+    fused_blocks_per_sm, fused_mtiles, fused_smem_bytes, fused_threads, fused_ws,
+    fused_ws_smem_bytes,
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
@@ -285,11 +286,101 @@ fn batch_tile(batch: usize) -> usize {
         .unwrap_or(FUSED_BATCH_TILES.len() - 1)
 }
 
-/// Resident blocks per SM of the fused kernel: what its launch bounds fit
-/// the registers to, fewer if shared memory says so.
-fn blocks_per_sm(nb: u32) -> u32 {
-    const SMEM_PER_SM: u32 = 227 * 1024;
-    (SMEM_PER_SM / fused_smem_bytes(nb)).clamp(1, fused_blocks_per_sm(nb))
+/// How the fused kernel for a batch tile of `nb` rows runs in a module:
+/// threads, dynamic shared memory and resident blocks per SM (what its
+/// launch bounds fit the registers to, fewer if shared memory says so).
+/// On sm_90a the 64- and 128-row kernels are warp-specialised (one block
+/// of the consumers and a producer warpgroup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TileLaunch {
+    threads: u32,
+    smem: u32,
+    blocks_per_sm: u32,
+    /// Warp-specialised: takes the hidden states and the LM head as tensor
+    /// maps.
+    ws: bool,
+}
+
+impl TileLaunch {
+    fn new(arch: &str, nb: u32) -> TileLaunch {
+        const SMEM_PER_SM: u32 = 227 * 1024;
+        if arch == "sm_90a" && fused_ws(nb) {
+            TileLaunch {
+                threads: FUSED_WS_THREADS,
+                smem: fused_ws_smem_bytes(nb),
+                blocks_per_sm: 1,
+                ws: true,
+            }
+        } else {
+            TileLaunch {
+                threads: fused_threads(nb),
+                smem: fused_smem_bytes(nb),
+                blocks_per_sm: (SMEM_PER_SM / fused_smem_bytes(nb))
+                    .clamp(1, fused_blocks_per_sm(nb)),
+                ws: false,
+            }
+        }
+    }
+}
+
+/// Kernel-argument wrapper of a [`TensorMap`] (passed by value).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct TensorMapArg(TensorMap);
+
+// SAFETY: 128 bytes of plain data, which the warp-specialised kernels take
+// by value (the driver copies them into parameter space).
+unsafe impl DeviceRepr for TensorMapArg {}
+
+const _: () = assert!(std::mem::size_of::<TensorMapArg>() == 128);
+
+/// The tensor map of `rows` rows of `cols` elements of `T`, `stride`
+/// elements apart, at device address `ptr`, read in boxes of 64 columns
+/// (128 bytes, the 128-byte swizzle of the kernels' stages) by `box_rows`
+/// rows; elements outside the tensor read as zero.
+fn tensor_map_2d<T: HeadElem>(
+    ptr: CUdeviceptr,
+    cols: usize,
+    rows: usize,
+    stride: usize,
+    box_rows: u32,
+) -> Result<TensorMapArg> {
+    use cudarc::driver::sys::{
+        CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+        CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let dtype = if T::IS_BF16 {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(stride * std::mem::size_of::<T>()) as u64];
+    let boxes = [64u32, box_rows];
+    let steps = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<cudarc::driver::sys::CUtensorMap>::zeroed();
+    // SAFETY: every array holds the rank's entries (the stride array one
+    // fewer); the map is written by the call. The address, dimensions and
+    // strides were validated by the caller (16-byte aligned, strides
+    // multiples of 16 bytes, sizes below 2^32).
+    unsafe {
+        cudarc::driver::sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+        Ok(TensorMapArg(TensorMap(map.assume_init().opaque)))
+    }
 }
 
 fn check_align(name: &'static str, p: u64) -> Result<()> {
@@ -406,8 +497,9 @@ impl Device {
             &k.fused_f16
         };
         let func = &funcs[tile];
+        let tl = TileLaunch::new(self.arch(), nb);
         let batch_tiles = batch.div_ceil(nb as usize) as u32;
-        let resident = blocks_per_sm(nb) * self.sm_count();
+        let resident = tl.blocks_per_sm * self.sm_count();
         // CTAs along the vocabulary, each looping over steps of
         // fused_mtiles(nb) tiles.
         let steps = p.tiles.div_ceil(fused_mtiles(nb));
@@ -417,10 +509,24 @@ impl Device {
         let (s, _g5) = params.seed.device_ptr(stream);
         let (o, _g6) = params.offset.device_ptr(stream);
         let arg = FusedArg(*p);
+        // The warp-specialised kernels read the hidden states (boxes of the
+        // batch tile's rows) and the launch's LM-head rows (boxes of a
+        // step's two tiles) through tensor maps.
+        let maps = if tl.ws {
+            let dim = p.dim as usize;
+            Some((
+                tensor_map_2d::<T>(h, dim, batch, p.hidden_stride as usize, nb)?,
+                tensor_map_2d::<T>(w, dim, p.vocab as usize, dim, 2 * FUSED_BLOCK_V)?,
+            ))
+        } else {
+            None
+        };
         let mut l = stream.launch_builder(func);
-        l.arg(&h)
-            .arg(&w)
-            .arg(&b)
+        match &maps {
+            Some((hm, wm)) => l.arg(hm).arg(wm),
+            None => l.arg(&h).arg(&w),
+        };
+        l.arg(&b)
             .arg(&t)
             .arg(&s)
             .arg(&o)
@@ -429,17 +535,18 @@ impl Device {
             .arg(&arg);
         let cfg = LaunchConfig {
             grid_dim: (batch_tiles, ctas_v, 1),
-            block_dim: (fused_threads(nb), 1, 1),
-            shared_mem_bytes: fused_smem_bytes(nb),
+            block_dim: (tl.threads, 1, 1),
+            shared_mem_bytes: tl.smem,
         };
-        // SAFETY: the arguments match `fused_sample_*`'s signature; shapes,
-        // lengths and 16-byte alignment were validated (dim and the hidden
-        // stride are multiples of 8 elements; the LM head and bias hold the
-        // launch's `vocab` rows); `partial` and the `peers` buffers listed
-        // in `peer_table` hold batch * parts partials and are mapped into
-        // this context (the caller's contract); the function's dynamic
-        // shared memory limit was raised to fused_smem_bytes(nb) when the
-        // module was loaded.
+        // SAFETY: the arguments match `fused_sample_*`'s signature in this
+        // module (tensor maps of the same buffers for the warp-specialised
+        // kernels); shapes, lengths and 16-byte alignment were validated
+        // (dim and the hidden stride are multiples of 8 elements; the LM
+        // head and bias hold the launch's `vocab` rows); `partial` and the
+        // `peers` buffers listed in `peer_table` hold batch * parts
+        // partials and are mapped into this context (the caller's
+        // contract); the function's dynamic shared memory limit was raised
+        // to tl.smem when the module was loaded.
         unsafe { l.launch(cfg) }?;
         Ok(())
     }
@@ -495,13 +602,15 @@ const _: () = assert!(std::mem::size_of::<FusedArg>() == 48);
 /// Raises the dynamic shared memory limit of the fused kernels (they use
 /// more than the default 48 KiB).
 pub(crate) fn configure(
+    arch: &str,
     bf16: &[cudarc::driver::CudaFunction; FUSED_BATCH_TILES.len()],
     f16: &[cudarc::driver::CudaFunction; FUSED_BATCH_TILES.len()],
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
     for (i, nb) in FUSED_BATCH_TILES.into_iter().enumerate() {
-        bf16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
-        f16[i].set_attribute(MAX_SMEM, fused_smem_bytes(nb) as i32)?;
+        let smem = TileLaunch::new(arch, nb).smem as i32;
+        bf16[i].set_attribute(MAX_SMEM, smem)?;
+        f16[i].set_attribute(MAX_SMEM, smem)?;
     }
     Ok(())
 }
@@ -570,12 +679,17 @@ mod tests {
 
     #[test]
     fn tiles_fit_shared_memory() {
-        for nb in FUSED_BATCH_TILES {
-            assert!(fused_smem_bytes(nb) <= 227 * 1024);
-            assert!(blocks_per_sm(nb) >= 1);
+        for arch in ["sm_80", "sm_90", "sm_90a"] {
+            for nb in FUSED_BATCH_TILES {
+                let tl = TileLaunch::new(arch, nb);
+                assert!(tl.smem <= 227 * 1024);
+                assert!(tl.blocks_per_sm >= 1);
+                assert_eq!(tl.ws, arch == "sm_90a" && nb >= 64);
+            }
         }
-        assert_eq!(blocks_per_sm(16), 2);
-        assert_eq!(blocks_per_sm(128), 1);
+        assert_eq!(TileLaunch::new("sm_90a", 16).blocks_per_sm, 2);
+        assert_eq!(TileLaunch::new("sm_90", 128).blocks_per_sm, 1);
+        assert_eq!(TileLaunch::new("sm_90a", 128).threads, FUSED_WS_THREADS);
         let rows = |b| FUSED_BATCH_TILES[batch_tile(b)];
         assert_eq!(rows(1), 16);
         assert_eq!(rows(17), 32);

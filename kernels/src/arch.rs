@@ -755,3 +755,151 @@ wgmma_size! { 8, "16", wgmma_m64n16k16_bf16, wgmma_m64n16k16_f16, operand_fence_
 wgmma_size! { 16, "32", wgmma_m64n32k16_bf16, wgmma_m64n32k16_f16, operand_fence_16, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15] }
 #[cfg(target_feature = "sm_90a")]
 wgmma_size! { 32, "64", wgmma_m64n64k16_bf16, wgmma_m64n64k16_f16, operand_fence_32, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15, d16 = 16, d17 = 17, d18 = 18, d19 = 19, d20 = 20, d21 = 21, d22 = 22, d23 = 23, d24 = 24, d25 = 25, d26 = 26, d27 = 27, d28 = 28, d29 = 29, d30 = 30, d31 = 31] }
+
+// ---------------------------------------------------------------------------
+// mbarrier pipelines and the bulk tensor copy engine (sm_90a's
+// warp-specialised fused kernels).
+
+/// `mbarrier.init.shared::cta.b64`: the barrier at shared address `addr`
+/// expects `count` arrivals a phase.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned shared address of the block that no thread
+/// uses as a barrier yet.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub unsafe fn mbarrier_init(addr: u32, count: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{a}], {c};", a = in(reg32) addr, c = in(reg32) count,
+             options(nostack))
+    };
+}
+
+/// `fence.mbarrier_init.release.cluster`: this thread's `mbarrier.init`s
+/// become visible to the async proxy (the bulk copies that complete on
+/// them); a block barrier after it publishes them to the other threads.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    // SAFETY: an ordering instruction.
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
+}
+
+/// `mbarrier.arrive.expect_tx.shared::cta.b64`: one arrival on the barrier
+/// at `addr`, and `bytes` more bytes of asynchronous copies its current
+/// phase waits for.
+///
+/// # Safety
+/// `addr` is an initialised barrier of the block.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(addr: u32, bytes: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {n};", a = in(reg32) addr,
+             n = in(reg32) bytes, options(nostack))
+    };
+}
+
+/// `mbarrier.arrive.shared::cta.b64`: one arrival on the barrier at `addr`
+/// (release: this thread's earlier accesses happen before the phase
+/// completes).
+///
+/// # Safety
+/// `addr` is an initialised barrier of the block.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(addr: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("mbarrier.arrive.shared::cta.b64 _, [{a}];", a = in(reg32) addr, options(nostack))
+    };
+}
+
+/// Waits (`mbarrier.try_wait.parity`, acquire) until the phase of parity
+/// `parity` of the barrier at `addr` has completed: the current phase if it
+/// has that parity, else the one before it, which has.
+///
+/// # Safety
+/// `addr` is an initialised barrier of the block.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity(addr: u32, parity: u32) {
+    loop {
+        let done: u32;
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{a}], {ph}; selp.u32 {d}, 1, 0, p; }}",
+                 a = in(reg32) addr, ph = in(reg32) parity, d = out(reg32) done, options(nostack))
+        };
+        if done != 0 {
+            break;
+        }
+    }
+}
+
+/// The generic address of a kernel parameter (`cvta.param`) from its
+/// parameter-space address: a `CUtensorMap` passed by value is read by the
+/// copy engine from there.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn cvta_param(addr: u64) -> u64 {
+    let g: u64;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvta.param.u64 {g}, {a};", g = out(reg64) g, a = in(reg64) addr,
+             options(pure, nomem, nostack))
+    };
+    g
+}
+
+/// `cp.async.bulk.tensor.2d` (tile mode) from global to shared memory: the
+/// box of the 2D tensor map at generic address `map` whose first element is
+/// at coordinates `(c0, c1)` (innermost first; elements outside the tensor
+/// read as zero) into shared address `dst`, completing `box bytes` of
+/// transactions on the barrier at `bar`.
+///
+/// # Safety
+/// `map` addresses a valid tensor map (kernel parameter or global memory)
+/// whose tensor is readable; `dst` has room for the box, aligned as the
+/// map's swizzle needs (1024 bytes for 128-byte swizzle); `bar` is an
+/// initialised barrier of the block expecting the bytes.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub unsafe fn cp_async_bulk_tensor_2d(dst: u32, map: u64, c0: i32, c1: i32, bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+             d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1,
+             b = in(reg32) bar, options(nostack))
+    };
+}
+
+/// `bar.sync ID, COUNT`: a named barrier of `COUNT` threads (whole warps),
+/// for the warps of a block that take part in it.
+#[inline(always)]
+pub fn bar_sync_named<const ID: u32, const COUNT: u32>() {
+    // SAFETY: a barrier; callers reach it uniformly per warp.
+    unsafe { asm!("bar.sync {i}, {n};", i = const ID, n = const COUNT, options(nostack)) };
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: this warpgroup gives registers
+/// back to the block's pool, keeping `N` a thread (24 to 256, a multiple of
+/// 8). Every thread of the warpgroup executes it.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn setmaxnreg_dec<const N: u32>() {
+    // SAFETY: a register-allocation instruction.
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}
+
+/// `setmaxnreg.inc.sync.aligned.u32 N`: this warpgroup takes registers
+/// from the block's pool, up to `N` a thread (waiting until the pool has
+/// them). Every thread of the warpgroup executes it.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn setmaxnreg_inc<const N: u32>() {
+    // SAFETY: a register-allocation instruction.
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}

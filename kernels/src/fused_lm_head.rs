@@ -36,6 +36,12 @@
 //! [`fused_threads`]`(B)`, dynamic shared memory [`fused_smem_bytes`]`(B)`
 //! (above 48 KiB: the host raises the function's limit).
 //!
+//! In the sm_90a module the 64- and 128-row kernels are warp-specialised
+//! (`fused_sample_ws`): block `params::FUSED_WS_THREADS`, dynamic shared
+//! memory `params::fused_ws_smem_bytes(B)`, and the first two parameters
+//! are `params::TensorMap`s of the hidden states and the LM head (passed by
+//! value, 64-byte aligned in parameter space) instead of their addresses.
+//!
 //! # Safety (caller)
 //! `hidden` holds `batch` rows of `hidden_stride` elements (`dim` readable),
 //! `weight` `vocab * dim` elements; both 16-byte aligned with `dim` and
@@ -51,6 +57,11 @@ use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FusedParams, fused_mtiles,
     fused_stage_bytes, fused_stages, fused_threads,
+};
+#[cfg(target_feature = "sm_90a")]
+use crate::params::{
+    FUSED_WS_CONSUMER_REGS, FUSED_WS_CONSUMERS, FUSED_WS_PRODUCER_REGS, FUSED_WS_STAGES,
+    FUSED_WS_STAGING_ROWS, TensorMap, fused_staging_bytes, fused_ws, fused_ws_ring_staging,
 };
 use crate::race::Race;
 use crate::sample;
@@ -470,7 +481,7 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     #[cfg(target_feature = "sm_90a")]
     {
         // SAFETY: forwarded.
-        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc) };
+        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc, mma_lag(NT, MT)) };
         return;
     }
     let lane = arch::thread_idx_x() % 32;
@@ -518,6 +529,7 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     stage: u32,
     acc: &mut [[[f32; 4]; NT]; MT],
+    lag: u32,
 ) {
     let (warp, wb) = warp_place::<NT, T>();
     let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
@@ -549,7 +561,7 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     // With a lag of 1 the previous k-block's group has completed (its
     // stage may be overwritten after the next barrier) and this one's
     // stays in flight; with 0, this one's has completed too.
-    if mma_lag(NT, MT) == 1 {
+    if lag == 1 {
         arch::wgmma_commit_wait::<1>();
     } else {
         arch::wgmma_commit_wait::<0>();
@@ -563,6 +575,55 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 fn wgmma_drain<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT]) {
     arch::wgmma_wait_all();
     fence_step_acc(acc);
+}
+
+/// Stages one vocabulary tile's logits of the calling warp (`warp`: its
+/// place in the tile, `warp_place`; `tile_acc`: its 16 rows of the tile by
+/// its `8 NT` batch rows, which land on staging rows `wr ..`) into the staging tile `cs` transposed, `cs[b][v]`, plus the
+/// bias of the tile whose first token is `vt`.
+///
+/// # Safety
+/// `cs` holds rows `wr .. wr + 8 NT` of [`FUSED_CS_STRIDE`] words; `bias_g`
+/// is the kernel's bias indexed by global token (read only inside the
+/// shard, and only when `p.has_bias`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stage_tile<const NT: usize>(
+    warp: u32,
+    lane: u32,
+    tile_acc: &[[f32; 4]; NT],
+    cs: *mut f32,
+    wr: u32,
+    vt: u32,
+    lo: u32,
+    bias_g: *const f32,
+    p: &FusedParams,
+) {
+    // A lane's logits lie on two vocabulary rows (c_pos: i / 2 picks one),
+    // so it reads two bias values.
+    let bias_v: [f32; 2] = core::array::from_fn(|h| {
+        let (v, _) = c_pos(warp, lane, 0, 2 * h as u32);
+        if p.has_bias != 0 && (vt + v).wrapping_sub(lo) < p.vocab {
+            // SAFETY: the token lies in the shard (the caller's contract).
+            unsafe { *bias_g.wrapping_add((vt + v) as usize) }
+        } else {
+            0.0
+        }
+    });
+    // Unrolled (a constant pair index), so that the accumulators stay in
+    // registers (as loops, ptxas put them in local memory).
+    unroll8!(NT / 2, pair => {
+        let mut h = 0;
+        while h < 2 {
+            let nt = 2 * pair + h;
+            for (i, &x) in tile_acc[nt % NT].iter().enumerate() {
+                let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
+                // SAFETY: row wr + b < wr + 8 NT, column v < FUSED_BLOCK_V.
+                unsafe { *cs.add(((wr + b) * FUSED_CS_STRIDE + v) as usize) = x + bias_v[i / 2] };
+            }
+            h += 1;
+        }
+    });
 }
 
 /// A thread's epilogue role: batch row `eb` of the tile, token slot `slot`
@@ -774,40 +835,20 @@ unsafe fn fused_sample<
             if MT > 1 {
                 arch::bar_sync();
             }
-            // Stage tile `m`'s logits transposed, cs[b][v] (+ bias): a
-            // macro, so that `m` is a constant and the accumulators stay in
-            // registers (as loops, ptxas put them in local memory).
-            macro_rules! stage_tile {
-                ($m:expr, $cs:expr) => {{
-                    let vt = v0 + $m * FUSED_BLOCK_V;
-                    // A lane's logits lie on two vocabulary rows (c_pos:
-                    // i / 2 picks one), so it reads two bias values.
-                    let bias_v: [f32; 2] = core::array::from_fn(|h| {
-                        let (v, _) = c_pos(warp, lane, 0, 2 * h as u32);
-                        if p.has_bias != 0 && (vt + v).wrapping_sub(lo) < p.vocab {
-                            *bias_g.wrapping_add((vt + v) as usize)
-                        } else {
-                            0.0
-                        }
-                    });
-                    let tile_acc = &acc[$m as usize % MT];
-                    unroll8!(NT / 2, pair => {
-                        let mut h = 0;
-                        while h < 2 {
-                            let nt = 2 * pair + h;
-                            for (i, &x) in tile_acc[nt % NT].iter().enumerate() {
-                                let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
-                                *$cs.add(((wb + b) * FUSED_CS_STRIDE + v) as usize) =
-                                    x + bias_v[i / 2];
-                            }
-                            h += 1;
-                        }
-                    });
-                }};
-            }
-            stage_tile!(0, cs);
+            // Stage each tile's logits transposed, cs[b][v] (+ bias).
+            stage_tile(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
             if second {
-                stage_tile!(1, cs1);
+                stage_tile(
+                    warp,
+                    lane,
+                    &acc[1 % MT],
+                    cs1,
+                    wb,
+                    v0 + FUSED_BLOCK_V,
+                    lo,
+                    bias_g,
+                    &p,
+                );
             }
             arch::bar_sync();
 
@@ -858,6 +899,268 @@ unsafe fn fused_sample<
                 // The next step's copies overwrite the second tile's logits.
                 arch::bar_sync();
             }
+        }
+        step += arch::grid_dim_y();
+    }
+}
+
+/// The warp-specialised fused sampler (sm_90a) for a batch tile of `NB`
+/// rows (64 or 128: two vocabulary tiles a step, `NT = NB / 16` n-tiles a
+/// warp). Warps 0-15 are the consumers of the two-tiles-a-step layout of
+/// [`fused_sample`] (the same `wgmma` in the same order, the same staging
+/// and epilogue, so the same logits and partials, bit for bit); warps 16-19
+/// are the producer warpgroup, which gives its registers to the consumers
+/// and one thread of which loads every k-block of every step with the bulk
+/// tensor copy engine (the LM-head rows of the step's two tiles and the
+/// batch tile's hidden-state rows, elements outside either tensor
+/// zero-filled) into a ring of [`FUSED_WS_STAGES`] stages. Each stage has a
+/// full barrier (the producer's arrival and the copies' bytes) and an empty
+/// one (one arrival a consumer warp once its `wgmma` reading the stage have
+/// completed).
+///
+/// The epilogue stages the step's logits in one of two ways
+/// ([`fused_ws_ring_staging`]): 64 rows have a staging tile of their own
+/// beside the ring, so the producer loads the next step during the
+/// epilogue, and the consumers release each stage as soon as its `wgmma`
+/// complete (they wait for each k-block's before the next: 64 rows compute
+/// little, and three stages of the LM head stay in flight); 128 rows stage
+/// both tiles in the ring itself (their accumulators leave registers before
+/// the epilogue, which then runs one role a thread, as in
+/// [`fused_sample`]), so the producer starts a step only once the
+/// consumers have signalled the previous step's epilogue done (a third
+/// barrier), and one `wgmma` group stays in flight.
+///
+/// # Safety
+/// As [`fused_sample`], with the hidden states and LM head read through
+/// `hmap` and `wmap`: the generic addresses of 2D tensor maps (128-byte
+/// swizzle) of the hidden states (`batch` rows of `dim`, `hidden_stride`
+/// apart, boxes of 64 columns by `NB` rows) and of the launch's LM head
+/// (`vocab` rows of `dim`, boxes of 64 columns by `2 * FUSED_BLOCK_V`
+/// rows).
+#[cfg(target_feature = "sm_90a")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
+    hmap: u64,
+    wmap: u64,
+    bias: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    partial: *mut u64,
+    peer_partial: *const *mut u64,
+    p: FusedParams,
+) {
+    const MT: usize = 2;
+    const T: u32 = FUSED_WS_CONSUMERS;
+    const ROWS: u32 = FUSED_WS_STAGING_ROWS;
+    const { assert!(fused_ws(NB) && NT as u32 * 16 == NB && (NB == ROWS || NB == 2 * ROWS)) };
+    const { assert!(fused_stage_bytes(NB) == (MT as u32 * FUSED_BLOCK_V + NB) * ROW_BYTES) };
+    let in_ring = fused_ws_ring_staging(NB);
+    // k-blocks whose `wgmma` stay in flight when the next one's are issued.
+    let lag = u32::from(in_ring);
+    let tid = arch::thread_idx_x();
+    let raw = arch::dynamic_shared::<Align16>() as *mut u8;
+    // The stages 1024-byte aligned (the 128-byte swizzle; the launch adds
+    // 1024 bytes).
+    let skip = arch::smem_addr(raw).wrapping_neg() % 1024;
+    // SAFETY: inside the dynamic shared memory (fused_ws_smem_bytes).
+    let smem = unsafe { raw.add(skip as usize) };
+    let smem0 = arch::smem_addr(smem);
+    let stage_bytes = fused_stage_bytes(NB);
+    let stages = FUSED_WS_STAGES;
+    let ring = stages * stage_bytes;
+    let staging = if in_ring { 0 } else { ring };
+    // SAFETY: the staging tiles lie in the ring or after it
+    // (fused_ws_smem_bytes).
+    let cs = unsafe { smem.add(staging as usize) } as *mut f32;
+    // Stage s's full barrier at `bars + 8 s`, its empty one at
+    // `bars + 8 (stages + s)`, then the epilogue's, after the ring and the
+    // staging tile.
+    let bars = smem0
+        + ring
+        + if in_ring {
+            0
+        } else {
+            fused_staging_bytes(ROWS)
+        };
+    let (full, empty) = (|s: u32| bars + 8 * s, |s: u32| bars + 8 * (stages + s));
+    let staged = bars + 16 * stages;
+    if tid == 0 {
+        let mut s = 0;
+        while s < stages {
+            // SAFETY: 8-byte aligned barriers inside the dynamic shared
+            // memory, initialised before any use (the barrier below).
+            unsafe {
+                arch::mbarrier_init(full(s), 1);
+                arch::mbarrier_init(empty(s), T / 32);
+            }
+            s += 1;
+        }
+        // SAFETY: as above.
+        unsafe { arch::mbarrier_init(staged, T / 32) };
+        arch::fence_mbarrier_init();
+    }
+    arch::bar_sync();
+
+    let nk = p.dim.div_ceil(FUSED_BLOCK_K);
+    let lo = p.vocab_offset;
+    let first_tile = lo / FUSED_BLOCK_V;
+    let steps = p.tiles.div_ceil(MT as u32);
+    let b0 = arch::block_idx_x() * NB;
+    if tid >= T {
+        arch::setmaxnreg_dec::<FUSED_WS_PRODUCER_REGS>();
+        // The producer: one thread walks the consumers' sequence of
+        // (step, k-block) uses of the ring.
+        if tid == T {
+            let mut use_ = 0u32;
+            let mut done = 0u32;
+            let mut step = arch::block_idx_y();
+            while step < steps {
+                if in_ring && done > 0 {
+                    // The previous step's epilogue has left the ring.
+                    // SAFETY: an initialised barrier.
+                    unsafe { arch::mbarrier_wait_parity(staged, (done - 1) & 1) };
+                }
+                // The step's first LM-head row, relative to the shard's
+                // first (negative for a boundary tile starting before it).
+                let row = ((first_tile + step * MT as u32) * FUSED_BLOCK_V).wrapping_sub(lo) as i32;
+                let mut kb = 0;
+                while kb < nk {
+                    let s = use_ % stages;
+                    let stage = smem0 + s * stage_bytes;
+                    let k = (kb * FUSED_BLOCK_K) as i32;
+                    // SAFETY: the stage lies in the ring; the maps describe
+                    // the launch's tensors (the caller's contract).
+                    unsafe {
+                        // Free once every consumer warp released its
+                        // previous use (the first use passes at once).
+                        arch::mbarrier_wait_parity(empty(s), (use_ / stages + 1) & 1);
+                        arch::mbarrier_arrive_expect_tx(full(s), stage_bytes);
+                        arch::cp_async_bulk_tensor_2d(stage, wmap, k, row, full(s));
+                        arch::cp_async_bulk_tensor_2d(
+                            stage + MT as u32 * FUSED_BLOCK_V * ROW_BYTES,
+                            hmap,
+                            k,
+                            b0 as i32,
+                            full(s),
+                        );
+                    }
+                    use_ += 1;
+                    kb += 1;
+                }
+                done += 1;
+                step += arch::grid_dim_y();
+            }
+        }
+        return;
+    }
+
+    // The consumers.
+    arch::setmaxnreg_inc::<FUSED_WS_CONSUMER_REGS>();
+    let lane = tid % 32;
+    let (warp, wb) = warp_place::<NT, T>();
+    let bias_g = bias.wrapping_sub(lo as usize);
+    let mut use_ = 0u32;
+    let mut step = arch::block_idx_y();
+    while step < steps {
+        let tile0 = step * MT as u32;
+        let v0 = (first_tile + tile0) * FUSED_BLOCK_V;
+        let mut acc = [[[0.0f32; 4]; NT]; MT];
+        let mut kb = 0;
+        while kb < nk {
+            let s = use_ % stages;
+            // SAFETY: the full barrier's phase for this use completes once
+            // the stage's copies have landed (visible to wgmma's async
+            // proxy: they were written by it).
+            unsafe {
+                arch::mbarrier_wait_parity(full(s), (use_ / stages) & 1);
+                wgmma_stage::<M, NT, MT, T>(smem0 + s * stage_bytes, &mut acc, lag);
+            }
+            // The `wgmma` of k-block kb - lag have completed: its stage
+            // goes back to the producer.
+            if kb >= lag && lane == 0 {
+                // SAFETY: an initialised barrier.
+                unsafe { arch::mbarrier_arrive(empty((use_ - lag) % stages)) };
+            }
+            use_ += 1;
+            kb += 1;
+        }
+        wgmma_drain(&mut acc);
+        if lag == 1 && lane == 0 {
+            // SAFETY: an initialised barrier.
+            unsafe { arch::mbarrier_arrive(empty((use_ - 1) % stages)) };
+        }
+
+        // The step's second tile, unless it is past the shard's last tile.
+        let second = tile0 + 1 < p.tiles;
+        if in_ring {
+            // Every k-block of the step has landed, and the producer waits
+            // for `staged`: once every warpgroup's `wgmma` have completed
+            // (this barrier), the ring is the staging memory of both tiles
+            // (as in fused_sample).
+            arch::bar_sync_named::<1, T>();
+            // SAFETY: rows wb .. wb + 8 NT of both tiles lie in the ring.
+            let cs1 = unsafe { cs.add((NB * FUSED_CS_STRIDE) as usize) };
+            unsafe {
+                stage_tile(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
+                if second {
+                    stage_tile(
+                        warp,
+                        lane,
+                        &acc[1],
+                        cs1,
+                        wb,
+                        v0 + FUSED_BLOCK_V,
+                        lo,
+                        bias_g,
+                        &p,
+                    );
+                }
+            }
+            arch::bar_sync_named::<1, T>();
+            // One role a thread (NB * SLOTS == T), both tiles.
+            // SAFETY: the launch contract covers the reads.
+            let mut role = unsafe { Role::new(0, T, NB, b0, p.batch, temperature, seed, offset) };
+            let mut m = 0;
+            while m < 2 {
+                if m == 0 || second {
+                    let src = if m == 0 { cs } else { cs1 };
+                    let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
+                    // SAFETY: the role's staged row lies in the tile.
+                    unsafe { epilogue(&mut role, src, vt, tile, lo, partial, peer_partial, &p) };
+                }
+                m += 1;
+            }
+            // The ring's next writes are the copy engine's (async proxy).
+            arch::fence_proxy_async_shared();
+            if lane == 0 {
+                // SAFETY: an initialised barrier.
+                unsafe { arch::mbarrier_arrive(staged) };
+            }
+        } else {
+            // Each tile in turn (a constant index, so that the
+            // accumulators stay in registers): the warps stage their
+            // logits, then the first `ROWS * SLOTS` threads race and sum
+            // them (one role each).
+            unroll8!(MT, m => {
+                if m == 0 || second {
+                    let (tile, vt) = (tile0 + m as u32, v0 + m as u32 * FUSED_BLOCK_V);
+                    // SAFETY: the warp's rows lie in the staging tile.
+                    unsafe { stage_tile(warp, lane, &acc[m], cs, wb, vt, lo, bias_g, &p) };
+                    arch::bar_sync_named::<1, T>();
+                    if tid < ROWS * SLOTS {
+                        // SAFETY: the launch contract covers the reads.
+                        let mut role = unsafe {
+                            Role::new(0, ROWS * SLOTS, NB, b0, p.batch, temperature, seed, offset)
+                        };
+                        // SAFETY: the role's staged row lies in the tile.
+                        unsafe { epilogue(&mut role, cs, vt, tile, lo, partial, peer_partial, &p) };
+                    }
+                    // The staging tile is rewritten next.
+                    arch::bar_sync_named::<1, T>();
+                }
+            });
         }
         step += arch::grid_dim_y();
     }
@@ -1001,14 +1304,79 @@ macro_rules! fused_entry {
     };
 }
 
+/// The warp-specialised `fused_sample` entry point (sm_90a) for a batch
+/// tile of `$nb` rows (see [`fused_sample_ws`]): the hidden states and the
+/// LM head come as tensor maps passed by value, which the copy engine reads
+/// in parameter space.
+#[cfg(target_feature = "sm_90a")]
+macro_rules! fused_ws_entry {
+    ($name:ident, $mma:ty, $nb:literal) => {
+        /// `fused_sample` (see the module docs), warp-specialised, for a
+        #[doc = concat!("batch tile of ", stringify!($nb), " rows.")]
+        ///
+        /// # Safety
+        /// See the module docs and [`fused_sample_ws`].
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            _hidden_map: TensorMap,
+            _weight_map: TensorMap,
+            bias: *const f32,
+            temperature: *const f32,
+            seed: *const u64,
+            offset: *const u64,
+            partial: *mut u64,
+            peer_partial: *const *mut u64,
+            p: FusedParams,
+        ) {
+            let (h, w): (u64, u64);
+            // SAFETY: reads the parameter-space addresses of this entry's
+            // first two parameters.
+            unsafe {
+                core::arch::asm!(
+                    concat!("mov.b64 {h}, ", stringify!($name), "_param_0;"),
+                    concat!("mov.b64 {w}, ", stringify!($name), "_param_1;"),
+                    h = out(reg64) h, w = out(reg64) w, options(pure, nomem, nostack)
+                )
+            };
+            // SAFETY: forwarded launch contract.
+            unsafe {
+                fused_sample_ws::<$mma, $nb, { $nb / 16 }>(
+                    arch::cvta_param(h),
+                    arch::cvta_param(w),
+                    bias,
+                    temperature,
+                    seed,
+                    offset,
+                    partial,
+                    peer_partial,
+                    p,
+                )
+            }
+        }
+    };
+}
+
 fused_entry!(fused_sample_bf16_b16, Bf16, 16);
 fused_entry!(fused_sample_bf16_b32, Bf16, 32);
+#[cfg(not(target_feature = "sm_90a"))]
 fused_entry!(fused_sample_bf16_b64, Bf16, 64);
+#[cfg(not(target_feature = "sm_90a"))]
 fused_entry!(fused_sample_bf16_b128, Bf16, 128);
 fused_entry!(fused_sample_f16_b16, F16, 16);
 fused_entry!(fused_sample_f16_b32, F16, 32);
+#[cfg(not(target_feature = "sm_90a"))]
 fused_entry!(fused_sample_f16_b64, F16, 64);
+#[cfg(not(target_feature = "sm_90a"))]
 fused_entry!(fused_sample_f16_b128, F16, 128);
+#[cfg(target_feature = "sm_90a")]
+fused_ws_entry!(fused_sample_bf16_b64, Bf16, 64);
+#[cfg(target_feature = "sm_90a")]
+fused_ws_entry!(fused_sample_bf16_b128, Bf16, 128);
+#[cfg(target_feature = "sm_90a")]
+fused_ws_entry!(fused_sample_f16_b64, F16, 64);
+#[cfg(target_feature = "sm_90a")]
+fused_ws_entry!(fused_sample_f16_b128, F16, 128);
 
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy

@@ -86,7 +86,49 @@ pub struct LaunchBounds {
     pub kernel: &'static str,
     pub max_threads: u32,
     pub min_blocks_per_sm: u32,
+    /// The modules whose kernel of that name these bounds are for.
+    pub modules: Modules,
 }
+
+/// A set of PTX modules, by architecture name.
+#[derive(Clone, Copy)]
+pub enum Modules {
+    All,
+    /// The sm_90a module alone (its fused 64- and 128-row kernels are the
+    /// warp-specialised ones).
+    Sm90a,
+    /// Every module but sm_90a.
+    NotSm90a,
+}
+
+impl Modules {
+    /// Whether the module of architecture `arch` (`sm_80`, ...) is in the
+    /// set.
+    pub fn includes(self, arch: &str) -> bool {
+        match self {
+            Modules::All => true,
+            Modules::Sm90a => arch == "sm_90a",
+            Modules::NotSm90a => arch != "sm_90a",
+        }
+    }
+}
+
+/// Kernel parameters that hold a `CUtensorMap` ([`params::TensorMap`]) in
+/// the sm_90a module (the warp-specialised fused kernels' hidden-state and
+/// LM-head maps). The copy engine reads them in parameter space, 64-byte
+/// aligned; rustc's kernel ABI declares at most 16-byte alignment (it stops
+/// with an internal error above that), so the PTX build raises these
+/// parameters' `.align` to 64.
+pub const TENSOR_MAP_PARAMS: &[&str] = &[
+    "fused_sample_bf16_b64_param_0",
+    "fused_sample_bf16_b64_param_1",
+    "fused_sample_bf16_b128_param_0",
+    "fused_sample_bf16_b128_param_1",
+    "fused_sample_f16_b64_param_0",
+    "fused_sample_f16_b64_param_1",
+    "fused_sample_f16_b128_param_0",
+    "fused_sample_f16_b128_param_1",
+];
 
 /// Kernels whose register count would otherwise cost resident blocks: the
 /// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
@@ -95,72 +137,110 @@ pub struct LaunchBounds {
 /// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
 /// no spills), and the fused sampler at [`params::fused_blocks_per_sm`]
 /// (two blocks, at most 128 registers, for batch tiles of up to 32 rows;
-/// one above).
+/// one above; on sm_90a the 64- and 128-row kernels are warp-specialised:
+/// one block of [`params::FUSED_WS_THREADS`], at most 120 registers).
 pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     LaunchBounds {
         kernel: "sampling_from_logits_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "sampling_from_logits_bf16",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "sampling_from_logits_seeded_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "sampling_from_logits_seeded_bf16",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "topk_topp_filter_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b16",
         max_threads: params::fused_threads(16),
         min_blocks_per_sm: params::fused_blocks_per_sm(16),
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b32",
         max_threads: params::fused_threads(32),
         min_blocks_per_sm: params::fused_blocks_per_sm(32),
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b64",
         max_threads: params::fused_threads(64),
         min_blocks_per_sm: params::fused_blocks_per_sm(64),
+        modules: Modules::NotSm90a,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b64",
+        max_threads: params::FUSED_WS_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::Sm90a,
     },
     LaunchBounds {
         kernel: "fused_sample_bf16_b128",
         max_threads: params::fused_threads(128),
         min_blocks_per_sm: params::fused_blocks_per_sm(128),
+        modules: Modules::NotSm90a,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_bf16_b128",
+        max_threads: params::FUSED_WS_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::Sm90a,
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b16",
         max_threads: params::fused_threads(16),
         min_blocks_per_sm: params::fused_blocks_per_sm(16),
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b32",
         max_threads: params::fused_threads(32),
         min_blocks_per_sm: params::fused_blocks_per_sm(32),
+        modules: Modules::All,
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b64",
         max_threads: params::fused_threads(64),
         min_blocks_per_sm: params::fused_blocks_per_sm(64),
+        modules: Modules::NotSm90a,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b64",
+        max_threads: params::FUSED_WS_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::Sm90a,
     },
     LaunchBounds {
         kernel: "fused_sample_f16_b128",
         max_threads: params::fused_threads(128),
         min_blocks_per_sm: params::fused_blocks_per_sm(128),
+        modules: Modules::NotSm90a,
+    },
+    LaunchBounds {
+        kernel: "fused_sample_f16_b128",
+        max_threads: params::FUSED_WS_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::Sm90a,
     },
 ];
 

@@ -160,6 +160,71 @@ pub const fn fused_stage_bytes(block_b: u32) -> u32 {
     (FUSED_BLOCK_V * fused_mtiles(block_b) + block_b) * FUSED_BLOCK_K * 2
 }
 
+/// Pipeline stages of the warp-specialised fused kernels (sm_90a, batch
+/// tiles of 64 and 128 rows): a producer warp keeps every stage the
+/// consumers have released loading through the bulk copy engine, during
+/// the epilogue too, so that up to four k-blocks of the LM head (128 KiB at
+/// two 128-row tiles a step) are in flight a multiprocessor.
+pub const FUSED_WS_STAGES: u32 = 4;
+/// Consumer threads of the warp-specialised fused kernels: the 16 warps of
+/// the two-tiles-a-step layout (four warpgroups issuing `wgmma`).
+pub const FUSED_WS_CONSUMERS: u32 = 512;
+/// Threads of the warp-specialised fused kernels: the consumers and a
+/// producer warpgroup (registers move between warpgroups, `setmaxnreg`;
+/// one thread of it issues the copies). With 20 warps, five a scheduler,
+/// a block starts at 96 registers a thread; the producer keeps
+/// [`FUSED_WS_PRODUCER_REGS`] and the consumers take
+/// [`FUSED_WS_CONSUMER_REGS`] (the block holds 640 x 96 registers: 128 x 24 + 512 x 112 of them).
+pub const FUSED_WS_THREADS: u32 = FUSED_WS_CONSUMERS + 128;
+/// Registers a thread of the producer warpgroup keeps.
+pub const FUSED_WS_PRODUCER_REGS: u32 = 24;
+/// Registers a consumer thread takes.
+pub const FUSED_WS_CONSUMER_REGS: u32 = 112;
+/// Batch rows of the warp-specialised epilogue's own staging tile (beside
+/// the ring, so that the producer keeps loading during the epilogue): the
+/// 64-row tile.
+pub const FUSED_WS_STAGING_ROWS: u32 = 64;
+
+/// Whether `fused_sample_*_b{block_b}` is warp-specialised on sm_90a
+/// (two tiles a step: batch tiles of 64 and 128 rows).
+pub const fn fused_ws(block_b: u32) -> bool {
+    fused_mtiles(block_b) == 2
+}
+
+/// Whether the warp-specialised `fused_sample_*_b{block_b}` stages its
+/// logits in the ring (128 rows: both tiles' 135 KiB of logits leave the
+/// accumulators before the epilogue, and the ring has no room beside a
+/// staging tile that large; the producer waits for the epilogue) rather
+/// than in a staging tile of its own (64 rows).
+pub const fn fused_ws_ring_staging(block_b: u32) -> bool {
+    block_b > FUSED_WS_STAGING_ROWS
+}
+
+/// Dynamic shared memory of the warp-specialised `fused_sample_*_b{block_b}`
+/// (sm_90a): 1024 bytes of alignment slack, the stages, the staging tile
+/// unless the logits are staged in the ring, and a full and an empty
+/// `mbarrier` a stage and the epilogue's.
+pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
+    let staging = if fused_ws_ring_staging(block_b) {
+        0
+    } else {
+        fused_staging_bytes(FUSED_WS_STAGING_ROWS)
+    };
+    1024 + FUSED_WS_STAGES * fused_stage_bytes(block_b) + staging + 16 * FUSED_WS_STAGES + 8
+}
+const _: () = assert!(2 * fused_staging_bytes(128) <= FUSED_WS_STAGES * fused_stage_bytes(128));
+const _: () = assert!(fused_ws_smem_bytes(64) <= 227 * 1024);
+const _: () = assert!(fused_ws_smem_bytes(128) <= 227 * 1024);
+
+/// A CUDA tensor map (`CUtensorMap`: 128 opaque bytes) passed by value to
+/// the warp-specialised fused kernels, whose copy engine reads it in
+/// parameter space, 64-byte aligned: rustc's kernel ABI takes at most
+/// 16-byte alignment, so the PTX build raises these parameters' (see
+/// `TENSOR_MAP_PARAMS`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct TensorMap(pub [u64; 16]);
+
 /// Bytes of the logits staging tile of one vocabulary tile.
 pub const fn fused_staging_bytes(block_b: u32) -> u32 {
     block_b * FUSED_CS_STRIDE * 4

@@ -133,7 +133,33 @@ pub fn build(
             target_dir.display()
         )
     })?;
-    with_launch_bounds(&text, bounds)
+    let bounds: Vec<_> = bounds
+        .iter()
+        .filter(|b| b.modules.includes(arch.name))
+        .collect();
+    let text = with_launch_bounds(&text, &bounds)?;
+    if arch.name == "sm_90a" {
+        with_tensor_map_alignment(&text, flashsample_kernels::TENSOR_MAP_PARAMS)
+    } else {
+        Ok(text)
+    }
+}
+
+/// `ptx` with each of the `params` (128-byte tensor-map parameters, which
+/// rustc declares 16-byte aligned) declared 64-byte aligned, as the copy
+/// engine needs them in parameter space.
+pub fn with_tensor_map_alignment(ptx: &str, params: &[&str]) -> Result<String, String> {
+    let mut out = ptx.to_string();
+    for name in params {
+        let from = format!(".param .align 16 .b8 {name}[128]");
+        if !out.contains(&from) {
+            return Err(format!(
+                "tensor-map parameter {name}: no `{from}` in the module"
+            ));
+        }
+        out = out.replace(&from, &format!(".param .align 64 .b8 {name}[128]"));
+    }
+    Ok(out)
 }
 
 /// `ptx` with each kernel's `.maxntid` and `.minnctapersm` directives
@@ -141,7 +167,7 @@ pub fn build(
 /// performance-tuning directives.
 pub fn with_launch_bounds(
     ptx: &str,
-    bounds: &[flashsample_kernels::LaunchBounds],
+    bounds: &[&flashsample_kernels::LaunchBounds],
 ) -> Result<String, String> {
     let mut out = ptx.to_string();
     for b in bounds {
