@@ -55,13 +55,14 @@ use crate::arch;
 use crate::block::Lse2;
 use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
-    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_PARTIAL_WORDS, FusedParams, fused_mtiles,
-    fused_stage_bytes, fused_stages, fused_threads,
+    FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_FILTER_BYTES, FUSED_PARTIAL_WORDS,
+    FusedParams, fused_filter_offset, fused_mtiles, fused_stage_bytes, fused_stages, fused_threads,
 };
 #[cfg(target_feature = "sm_90a")]
 use crate::params::{
     FUSED_WS_CONSUMER_REGS, FUSED_WS_CONSUMERS, FUSED_WS_PRODUCER_REGS, FUSED_WS_STAGES,
-    FUSED_WS_STAGING_ROWS, TensorMap, fused_staging_bytes, fused_ws, fused_ws_ring_staging,
+    FUSED_WS_STAGING_ROWS, TensorMap, fused_ws, fused_ws_barrier_offset, fused_ws_filter_offset,
+    fused_ws_ring_staging,
 };
 use crate::race::Race;
 use crate::sample;
@@ -627,7 +628,9 @@ unsafe fn stage_tile<const NT: usize>(
 }
 
 /// A thread's epilogue role: batch row `eb` of the tile, token slot `slot`
-/// of every vocabulary tile, the row's race and log-sum-exp scale.
+/// of every vocabulary tile, the row's race and log-sum-exp scale, and the
+/// role's word of shared memory that carries the race's filter from one
+/// step to the next.
 struct Role {
     active: bool,
     eb: u32,
@@ -636,15 +639,20 @@ struct Role {
     has_row: bool,
     race: Race,
     lse_scale: f32,
+    filter: *mut f32,
 }
 
 impl Role {
     /// Role `e` of this thread in a block of `threads` and a batch tile of
     /// `nb` rows from row `b0`:
-    /// `(eb, slot) = (tid / SLOTS + e * threads / SLOTS, tid % SLOTS)`.
+    /// `(eb, slot) = (tid / SLOTS + e * threads / SLOTS, tid % SLOTS)`,
+    /// its race's filter raised to what the role's word `filters[tid + e *
+    /// threads]` carries (see [`init_filters`] and [`epilogue`]).
     ///
     /// # Safety
-    /// `temperature`, `seed` and `offset` hold `batch` values.
+    /// `temperature`, `seed` and `offset` hold `batch` values; `filters`
+    /// holds the block's [`init_filters`] words.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn new(
         e: u32,
@@ -655,6 +663,7 @@ impl Role {
         temperature: *const f32,
         seed: *const u64,
         offset: *const u64,
+        filters: *mut f32,
     ) -> Role {
         let tid = arch::thread_idx_x();
         let eb = tid / SLOTS + e * (threads / SLOTS);
@@ -673,8 +682,12 @@ impl Role {
         } else {
             (0.0, 0, 0)
         };
-        let race = Race::new(t, s, o);
+        let mut race = Race::new(t, s, o);
         let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
+        // SAFETY: the role's own word (the caller's contract).
+        let filter = unsafe { filters.add((tid + e * threads) as usize) };
+        // SAFETY: as above; written by this thread only.
+        race.raise(unsafe { *filter });
         Role {
             active,
             eb,
@@ -683,7 +696,27 @@ impl Role {
             has_row,
             race,
             lse_scale,
+            filter,
         }
+    }
+}
+
+/// Sets this thread's role words of the filter array at byte offset
+/// [`fused_filter_offset`] of the aligned shared memory (one f32 a role,
+/// `roles` of them a thread, `threads` apart) to -inf: no filter before the
+/// block's first tile of each row. Each word is only ever read and written
+/// by its own thread, so no barrier orders them.
+///
+/// # Safety
+/// `filters` holds `roles * threads` words.
+#[inline(always)]
+unsafe fn init_filters(filters: *mut f32, roles: u32, threads: u32) {
+    let tid = arch::thread_idx_x();
+    let mut e = 0;
+    while e < roles {
+        // SAFETY: the caller's contract.
+        unsafe { *filters.add((tid + e * threads) as usize) = f32::NEG_INFINITY };
+        e += 1;
     }
 }
 
@@ -746,6 +779,12 @@ unsafe fn fused_sample<
         })
     } as *mut f32;
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
+    // SAFETY: the filter words follow the stages and staging
+    // (fused_smem_bytes); ER * T <= 512 of them.
+    let filters = unsafe { smem.add(fused_filter_offset(NB) as usize) } as *mut f32;
+    const { assert!(ER as u32 * T * 4 <= FUSED_FILTER_BYTES) };
+    // SAFETY: as above.
+    unsafe { init_filters(filters, ER as u32, T) };
 
     // The shard's tokens `[lo, lo + vocab)`, on the full vocabulary's tile
     // grid; the bias indexed by global token (read only inside the shard):
@@ -872,7 +911,17 @@ unsafe fn fused_sample<
             // rows.
             // SAFETY: the launch contract covers the parameter reads.
             let mut roles: [Role; ER] = core::array::from_fn(|e| {
-                Role::new(e as u32, T, NB, b0, p.batch, temperature, seed, offset)
+                Role::new(
+                    e as u32,
+                    T,
+                    NB,
+                    b0,
+                    p.batch,
+                    temperature,
+                    seed,
+                    offset,
+                    filters,
+                )
             });
             let mut m = 0;
             while m < 2 {
@@ -977,13 +1026,9 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
     // Stage s's full barrier at `bars + 8 s`, its empty one at
     // `bars + 8 (stages + s)`, then the epilogue's, after the ring and the
     // staging tile.
-    let bars = smem0
-        + ring
-        + if in_ring {
-            0
-        } else {
-            fused_staging_bytes(ROWS)
-        };
+    let bars = smem0 + fused_ws_barrier_offset(NB);
+    // SAFETY: the filter words follow the barriers (fused_ws_smem_bytes).
+    let filters = unsafe { smem.add(fused_ws_filter_offset(NB) as usize) } as *mut f32;
     let (full, empty) = (|s: u32| bars + 8 * s, |s: u32| bars + 8 * (stages + s));
     let staged = bars + 16 * stages;
     if tid == 0 {
@@ -1058,6 +1103,8 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
 
     // The consumers.
     arch::setmaxnreg_inc::<FUSED_WS_CONSUMER_REGS>();
+    // SAFETY: T words (one role a consumer thread at most).
+    unsafe { init_filters(filters, 1, T) };
     let lane = tid % 32;
     let (warp, wb) = warp_place::<NT, T>();
     let bias_g = bias.wrapping_sub(lo as usize);
@@ -1121,7 +1168,8 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
             arch::bar_sync_named::<1, T>();
             // One role a thread (NB * SLOTS == T), both tiles.
             // SAFETY: the launch contract covers the reads.
-            let mut role = unsafe { Role::new(0, T, NB, b0, p.batch, temperature, seed, offset) };
+            let mut role =
+                unsafe { Role::new(0, T, NB, b0, p.batch, temperature, seed, offset, filters) };
             let mut m = 0;
             while m < 2 {
                 if m == 0 || second {
@@ -1152,7 +1200,7 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
                     if tid < ROWS * SLOTS {
                         // SAFETY: the launch contract covers the reads.
                         let mut role = unsafe {
-                            Role::new(0, ROWS * SLOTS, NB, b0, p.batch, temperature, seed, offset)
+                            Role::new(0, ROWS * SLOTS, NB, b0, p.batch, temperature, seed, offset, filters)
                         };
                         // SAFETY: the role's staged row lies in the tile.
                         unsafe { epilogue(&mut role, cs, vt, tile, lo, partial, peer_partial, &p) };
@@ -1230,6 +1278,24 @@ unsafe fn epilogue(
         }
         let (key, xs) = role.race.take_best();
         let part = Partial { key, xs, lse }.butterfly(SLOTS / 2);
+        // The row's best approximate score so far, over its four slots (a
+        // token's, so a valid filter for every slot of the row), raises
+        // each slot's filter for the row's next tiles, in this step and
+        // (through the role's word) the block's next steps: the first
+        // tokens of a tile then rarely pass it. Tokens, validity and the
+        // log-normaliser do not change; only partials whose tile holds
+        // nothing above the row's filter become empty (key 0).
+        let mut a = role.race.top_score();
+        let mut m = SLOTS / 2;
+        while m > 0 {
+            let o = f32::from_bits(arch::shfl_bfly_u32(a.to_bits(), m));
+            if o > a {
+                a = o;
+            }
+            m >>= 1;
+        }
+        role.race.raise(a);
+        *role.filter = a;
         if role.has_row && role.slot == 0 {
             // Part major: (part, row) at (part * batch + row).
             let at = ((p.part_offset + tile) as usize * p.batch as usize + role.row as usize)

@@ -202,15 +202,27 @@ pub const fn fused_ws_ring_staging(block_b: u32) -> bool {
 
 /// Dynamic shared memory of the warp-specialised `fused_sample_*_b{block_b}`
 /// (sm_90a): 1024 bytes of alignment slack, the stages, the staging tile
-/// unless the logits are staged in the ring, and a full and an empty
-/// `mbarrier` a stage and the epilogue's.
+/// unless the logits are staged in the ring, a full and an empty
+/// `mbarrier` a stage and the epilogue's, and the roles' filter words.
 pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
+    1024 + fused_ws_filter_offset(block_b) + FUSED_FILTER_BYTES
+}
+
+/// Byte offset (from the aligned stages) of the `mbarrier`s of the
+/// warp-specialised `fused_sample_*_b{block_b}`.
+pub const fn fused_ws_barrier_offset(block_b: u32) -> u32 {
     let staging = if fused_ws_ring_staging(block_b) {
         0
     } else {
         fused_staging_bytes(FUSED_WS_STAGING_ROWS)
     };
-    1024 + FUSED_WS_STAGES * fused_stage_bytes(block_b) + staging + 16 * FUSED_WS_STAGES + 8
+    FUSED_WS_STAGES * fused_stage_bytes(block_b) + staging
+}
+
+/// Byte offset (from the aligned stages) of the roles' filter words of the
+/// warp-specialised `fused_sample_*_b{block_b}`.
+pub const fn fused_ws_filter_offset(block_b: u32) -> u32 {
+    fused_ws_barrier_offset(block_b) + 16 * FUSED_WS_STAGES + 8
 }
 const _: () = assert!(2 * fused_staging_bytes(128) <= FUSED_WS_STAGES * fused_stage_bytes(128));
 const _: () = assert!(fused_ws_smem_bytes(64) <= 227 * 1024);
@@ -236,9 +248,16 @@ pub const fn fused_staging_bytes(block_b: u32) -> u32 {
 /// tiles' logits in the stages, idle until the next step. Both align the
 /// stages to 1024 bytes.
 pub const fn fused_smem_bytes(block_b: u32) -> u32 {
-    let stages = fused_stages(block_b) * fused_stage_bytes(block_b);
     // 1024 bytes to align the stages to (wgmma's swizzle).
-    1024 + if fused_mtiles(block_b) == 1 {
+    1024 + fused_filter_offset(block_b) + FUSED_FILTER_BYTES
+}
+
+/// Byte offset (from the aligned stages) of the epilogue roles' filter
+/// words of `fused_sample_*_b{block_b}`: after the stages and the staging
+/// tile.
+pub const fn fused_filter_offset(block_b: u32) -> u32 {
+    let stages = fused_stages(block_b) * fused_stage_bytes(block_b);
+    if fused_mtiles(block_b) == 1 {
         stages + fused_staging_bytes(block_b)
     } else if stages > 2 * fused_staging_bytes(block_b) {
         stages
@@ -246,6 +265,11 @@ pub const fn fused_smem_bytes(block_b: u32) -> u32 {
         2 * fused_staging_bytes(block_b)
     }
 }
+
+/// Bytes of the epilogue roles' filter words (one f32 a role, at most 512
+/// roles a block): each role's race filter, carried from one step of the
+/// block to the next.
+pub const FUSED_FILTER_BYTES: u32 = 4 * 512;
 
 /// Elements of a row one block of the chunked `topk_topp_*` passes
 /// (statistics, pre-filter, masking) covers: eight 16-byte loads per thread
