@@ -225,6 +225,13 @@ pub const fn fused_ws_filter_offset(block_b: u32) -> u32 {
     fused_ws_barrier_offset(block_b) + 16 * FUSED_WS_STAGES + 8
 }
 const _: () = assert!(2 * fused_staging_bytes(128) <= FUSED_WS_STAGES * fused_stage_bytes(128));
+// The warp-specialised kernels' layout: every stage starts 1024-byte
+// aligned (the 128-byte swizzle of the copies and descriptors) and the
+// barriers after the ring and staging 8-byte aligned.
+const _: () = assert!(fused_stage_bytes(64).is_multiple_of(1024));
+const _: () = assert!(fused_stage_bytes(128).is_multiple_of(1024));
+const _: () = assert!(fused_ws_barrier_offset(64).is_multiple_of(8));
+const _: () = assert!(fused_ws_barrier_offset(128).is_multiple_of(8));
 const _: () = assert!(fused_ws_smem_bytes(64) <= 227 * 1024);
 const _: () = assert!(fused_ws_smem_bytes(128) <= 227 * 1024);
 
