@@ -578,7 +578,9 @@ fn radix_sampler_replays_from_cuda_graphs() {
         let out = RefCell::new(SampleOutput::new(&stream, batch).unwrap());
         for route in routes(&dev, b.rows) {
             ws.borrow_mut().force_route(Some(route));
-            let changed = common::check_graph_replays(
+            // Three random rows may all have one candidate (k = 1, a tiny
+            // top-p, a one-hot or invalid row); of 200, some draw.
+            common::check_graph_replays(
                 &stream,
                 &mut b.upload(&stream),
                 |p| p.offset_mut(),
@@ -597,12 +599,7 @@ fn radix_sampler_replays_from_cuda_graphs() {
                     assert_eq!(taken, route);
                 },
                 || stream.clone_dtoh(&out.borrow().tokens).unwrap(),
-            );
-            // Three random rows may all have one candidate (k = 1, a tiny
-            // top-p, a one-hot or invalid row); of 200, some draw.
-            assert!(
-                changed || batch < 8,
-                "B={batch}: advancing the offsets changed no token"
+                batch >= 8,
             );
         }
         ws.borrow_mut().force_route(None);

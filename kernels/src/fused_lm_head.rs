@@ -56,13 +56,14 @@ use crate::block::Lse2;
 use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_FILTER_BYTES, FUSED_PARTIAL_WORDS,
-    FusedParams, fused_filter_offset, fused_mtiles, fused_stage_bytes, fused_stages, fused_threads,
+    FusedParams, fused_filter_offset, fused_mtiles, fused_stage_bytes, fused_stages,
+    fused_staging_offset, fused_threads,
 };
 #[cfg(target_feature = "sm_90a")]
 use crate::params::{
     FUSED_WS_CONSUMER_REGS, FUSED_WS_CONSUMERS, FUSED_WS_PRODUCER_REGS, FUSED_WS_STAGES,
     FUSED_WS_STAGING_ROWS, TensorMap, fused_ws, fused_ws_barrier_offset, fused_ws_filter_offset,
-    fused_ws_ring_staging,
+    fused_ws_ring_staging, fused_ws_staging_offset,
 };
 use crate::race::Race;
 use crate::sample;
@@ -769,15 +770,9 @@ unsafe fn fused_sample<
     let stage_bytes = fused_stage_bytes(NB);
     let stages = fused_stages(NB);
     let overlap = NB <= 32;
-    // SAFETY: the staging tile sits after the pipeline stages, inside the
-    // dynamic shared memory the launch provides (fused_smem_bytes).
-    let cs = unsafe {
-        smem.add(if MT == 1 {
-            (stages * stage_bytes) as usize
-        } else {
-            0
-        })
-    } as *mut f32;
+    // SAFETY: the staging tile lies inside the dynamic shared memory the
+    // launch provides (fused_smem_bytes).
+    let cs = unsafe { smem.add(fused_staging_offset(NB) as usize) } as *mut f32;
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
     // SAFETY: the filter words follow the stages and staging
     // (fused_smem_bytes); ER * T <= 512 of them.
@@ -1018,11 +1013,9 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
     let smem0 = arch::smem_addr(smem);
     let stage_bytes = fused_stage_bytes(NB);
     let stages = FUSED_WS_STAGES;
-    let ring = stages * stage_bytes;
-    let staging = if in_ring { 0 } else { ring };
     // SAFETY: the staging tiles lie in the ring or after it
     // (fused_ws_smem_bytes).
-    let cs = unsafe { smem.add(staging as usize) } as *mut f32;
+    let cs = unsafe { smem.add(fused_ws_staging_offset(NB) as usize) } as *mut f32;
     // Stage s's full barrier at `bars + 8 s`, its empty one at
     // `bars + 8 (stages + s)`, then the epilogue's, after the ring and the
     // staging tile.

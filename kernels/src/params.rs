@@ -211,12 +211,25 @@ pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
 /// Byte offset (from the aligned stages) of the `mbarrier`s of the
 /// warp-specialised `fused_sample_*_b{block_b}`.
 pub const fn fused_ws_barrier_offset(block_b: u32) -> u32 {
-    let staging = if fused_ws_ring_staging(block_b) {
+    let ring = FUSED_WS_STAGES * fused_stage_bytes(block_b);
+    let staged = fused_ws_staging_offset(block_b)
+        + if fused_ws_ring_staging(block_b) {
+            2 * fused_staging_bytes(block_b)
+        } else {
+            fused_staging_bytes(FUSED_WS_STAGING_ROWS)
+        };
+    if ring > staged { ring } else { staged }
+}
+
+/// Byte offset (from the aligned stages) of the logits staging of the
+/// warp-specialised `fused_sample_*_b{block_b}`: the ring itself for 128
+/// rows, after it for 64.
+pub const fn fused_ws_staging_offset(block_b: u32) -> u32 {
+    if fused_ws_ring_staging(block_b) {
         0
     } else {
-        fused_staging_bytes(FUSED_WS_STAGING_ROWS)
-    };
-    FUSED_WS_STAGES * fused_stage_bytes(block_b) + staging
+        FUSED_WS_STAGES * fused_stage_bytes(block_b)
+    }
 }
 
 /// Byte offset (from the aligned stages) of the roles' filter words of the
@@ -264,12 +277,20 @@ pub const fn fused_smem_bytes(block_b: u32) -> u32 {
 /// tile.
 pub const fn fused_filter_offset(block_b: u32) -> u32 {
     let stages = fused_stages(block_b) * fused_stage_bytes(block_b);
+    let staged =
+        fused_staging_offset(block_b) + fused_mtiles(block_b) * fused_staging_bytes(block_b);
+    if stages > staged { stages } else { staged }
+}
+
+/// Byte offset (from the aligned stages) of the logits staging of
+/// `fused_sample_*_b{block_b}`: after the stages for one tile a step (the
+/// next step's copies fill them during the epilogue); in the stages, idle
+/// until the next step, for two.
+pub const fn fused_staging_offset(block_b: u32) -> u32 {
     if fused_mtiles(block_b) == 1 {
-        stages + fused_staging_bytes(block_b)
-    } else if stages > 2 * fused_staging_bytes(block_b) {
-        stages
+        fused_stages(block_b) * fused_stage_bytes(block_b)
     } else {
-        2 * fused_staging_bytes(block_b)
+        0
     }
 }
 
