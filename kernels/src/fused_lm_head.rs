@@ -164,6 +164,11 @@ impl Partial {
 #[repr(C, align(16))]
 struct Align16([u8; 16]);
 
+/// A 1024-byte aligned unit of shared memory.
+#[cfg(target_feature = "sm_90a")]
+#[repr(C, align(1024))]
+struct Align1024([u8; 1024]);
+
 /// Tensor-core operand type.
 trait Mma {
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
@@ -579,6 +584,22 @@ fn wgmma_drain<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT])
     fence_step_acc(acc);
 }
 
+/// Word of the staging tile holding batch row `b`, token `v` of a
+/// vocabulary tile: rows of [`FUSED_CS_STRIDE`] words (padded against bank
+/// conflicts), or with `SW` rows of [`FUSED_BLOCK_V`] words whose 16-byte
+/// chunks are XOR-swizzled by `b % 8` (the same conflict-free accesses,
+/// 3 % less shared memory: the 64-row warp-specialised kernel stages both
+/// tiles beside its ring). Four consecutive tokens from a multiple of 4
+/// stay consecutive.
+#[inline(always)]
+const fn cs_at<const SW: bool>(b: u32, v: u32) -> u32 {
+    if SW {
+        b * FUSED_BLOCK_V + (v ^ ((b & 7) << 2))
+    } else {
+        b * FUSED_CS_STRIDE + v
+    }
+}
+
 /// Stages one vocabulary tile's logits of the calling warp (`warp`: its
 /// place in the tile, `warp_place`; `tile_acc`: its 16 rows of the tile by
 /// its `8 NT` batch rows, which land on staging rows `wr ..`) into the staging tile `cs` transposed, `cs[b][v]`, plus the
@@ -590,7 +611,7 @@ fn wgmma_drain<const NT: usize, const MT: usize>(acc: &mut [[[f32; 4]; NT]; MT])
 /// shard, and only when `p.has_bias`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn stage_tile<const NT: usize>(
+unsafe fn stage_tile<const NT: usize, const SW: bool>(
     warp: u32,
     lane: u32,
     tile_acc: &[[f32; 4]; NT],
@@ -621,7 +642,7 @@ unsafe fn stage_tile<const NT: usize>(
             for (i, &x) in tile_acc[nt % NT].iter().enumerate() {
                 let (v, b) = c_pos(warp, lane, nt as u32, i as u32);
                 // SAFETY: row wr + b < wr + 8 NT, column v < FUSED_BLOCK_V.
-                unsafe { *cs.add(((wr + b) * FUSED_CS_STRIDE + v) as usize) = x + bias_v[i / 2] };
+                unsafe { *cs.add(cs_at::<SW>(wr + b, v) as usize) = x + bias_v[i / 2] };
             }
             h += 1;
         }
@@ -644,10 +665,10 @@ struct Role {
 }
 
 impl Role {
-    /// Role `e` of this thread in a block of `threads` and a batch tile of
-    /// `nb` rows from row `b0`:
-    /// `(eb, slot) = (tid / SLOTS + e * threads / SLOTS, tid % SLOTS)`,
-    /// its race's filter raised to what the role's word `filters[tid + e *
+    /// Role `e` of the thread of index `at` among `threads` (the block's,
+    /// or a group's), for a batch tile of `nb` rows from row `b0`:
+    /// `(eb, slot) = (at / SLOTS + e * threads / SLOTS, at % SLOTS)`, its
+    /// race's filter raised to what the role's word `filters[at + e *
     /// threads]` carries (see [`init_filters`] and [`epilogue`]).
     ///
     /// # Safety
@@ -656,6 +677,7 @@ impl Role {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn new(
+        at: u32,
         e: u32,
         threads: u32,
         nb: u32,
@@ -666,8 +688,7 @@ impl Role {
         offset: *const u64,
         filters: *mut f32,
     ) -> Role {
-        let tid = arch::thread_idx_x();
-        let eb = tid / SLOTS + e * (threads / SLOTS);
+        let eb = at / SLOTS + e * (threads / SLOTS);
         let active = eb < nb;
         let row = b0 + eb;
         let has_row = active && row < batch;
@@ -686,13 +707,13 @@ impl Role {
         let mut race = Race::new(t, s, o);
         let lse_scale = if race.is_greedy() { LOG2E } else { LOG2E / t };
         // SAFETY: the role's own word (the caller's contract).
-        let filter = unsafe { filters.add((tid + e * threads) as usize) };
+        let filter = unsafe { filters.add((at + e * threads) as usize) };
         // SAFETY: as above; written by this thread only.
         race.raise(unsafe { *filter });
         Role {
             active,
             eb,
-            slot: tid % SLOTS,
+            slot: at % SLOTS,
             row,
             has_row,
             race,
@@ -870,9 +891,9 @@ unsafe fn fused_sample<
                 arch::bar_sync();
             }
             // Stage each tile's logits transposed, cs[b][v] (+ bias).
-            stage_tile(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
+            stage_tile::<NT, false>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
             if second {
-                stage_tile(
+                stage_tile::<NT, false>(
                     warp,
                     lane,
                     &acc[1 % MT],
@@ -907,6 +928,7 @@ unsafe fn fused_sample<
             // SAFETY: the launch contract covers the parameter reads.
             let mut roles: [Role; ER] = core::array::from_fn(|e| {
                 Role::new(
+                    tid,
                     e as u32,
                     T,
                     NB,
@@ -923,9 +945,9 @@ unsafe fn fused_sample<
                 if m == 0 || second {
                     let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
                     let src = if m == 0 { cs } else { cs1 };
-                    epilogue(&mut roles[0], src, vt, tile, lo, partial, peer_partial, &p);
+                    epilogue::<false>(&mut roles[0], src, vt, tile, lo, partial, peer_partial, &p);
                     if ER > 1 {
-                        epilogue(
+                        epilogue::<false>(
                             &mut roles[1 % ER],
                             src,
                             vt,
@@ -963,16 +985,18 @@ unsafe fn fused_sample<
 /// completed).
 ///
 /// The epilogue stages the step's logits in one of two ways
-/// ([`fused_ws_ring_staging`]): 64 rows have a staging tile of their own
-/// beside the ring, so the producer loads the next step during the
-/// epilogue, and the consumers release each stage as soon as its `wgmma`
-/// complete (they wait for each k-block's before the next: 64 rows compute
-/// little, and three stages of the LM head stay in flight); 128 rows stage
-/// both tiles in the ring itself (their accumulators leave registers before
-/// the epilogue, which then runs one role a thread, as in
-/// [`fused_sample`]), so the producer starts a step only once the
-/// consumers have signalled the previous step's epilogue done (a third
-/// barrier), and one `wgmma` group stays in flight.
+/// ([`fused_ws_ring_staging`]): 64 rows stage both tiles beside the ring
+/// (rows of 128 words, 16-byte chunks XOR-swizzled, [`cs_at`]; the dynamic
+/// shared memory is 1024-byte aligned, so no slack), so the producer loads
+/// the next step during the epilogue, which runs one role a thread (tile 0
+/// on threads 0-255, tile 1 on 256-511); the consumers release each stage
+/// as soon as its `wgmma` complete (they wait for each k-block's before the
+/// next: 64 rows compute little, and three stages of the LM head stay in
+/// flight). 128 rows stage both tiles in the ring itself (their
+/// accumulators leave registers before the epilogue, which then runs one
+/// role a thread, as in [`fused_sample`]), so the producer starts a step
+/// only once the consumers have signalled the previous step's epilogue
+/// done (a third barrier), and one `wgmma` group stays in flight.
 ///
 /// # Safety
 /// As [`fused_sample`], with the hidden states and LM head read through
@@ -1004,12 +1028,10 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
     // k-blocks whose `wgmma` stay in flight when the next one's are issued.
     let lag = u32::from(in_ring);
     let tid = arch::thread_idx_x();
-    let raw = arch::dynamic_shared::<Align16>() as *mut u8;
-    // The stages 1024-byte aligned (the 128-byte swizzle; the launch adds
-    // 1024 bytes).
-    let skip = arch::smem_addr(raw).wrapping_neg() % 1024;
-    // SAFETY: inside the dynamic shared memory (fused_ws_smem_bytes).
-    let smem = unsafe { raw.add(skip as usize) };
+    // The stages 1024-byte aligned (the 128-byte swizzle): asking for that
+    // alignment makes the module's dynamic shared memory symbol `.align
+    // 1024`, so no slack is needed.
+    let smem = arch::dynamic_shared::<Align1024>() as *mut u8;
     let smem0 = arch::smem_addr(smem);
     let stage_bytes = fused_stage_bytes(NB);
     let stages = FUSED_WS_STAGES;
@@ -1143,9 +1165,9 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
             // SAFETY: rows wb .. wb + 8 NT of both tiles lie in the ring.
             let cs1 = unsafe { cs.add((NB * FUSED_CS_STRIDE) as usize) };
             unsafe {
-                stage_tile(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
+                stage_tile::<NT, false>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
                 if second {
-                    stage_tile(
+                    stage_tile::<NT, false>(
                         warp,
                         lane,
                         &acc[1],
@@ -1161,15 +1183,29 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
             arch::bar_sync_named::<1, T>();
             // One role a thread (NB * SLOTS == T), both tiles.
             // SAFETY: the launch contract covers the reads.
-            let mut role =
-                unsafe { Role::new(0, T, NB, b0, p.batch, temperature, seed, offset, filters) };
+            let mut role = unsafe {
+                Role::new(
+                    tid,
+                    0,
+                    T,
+                    NB,
+                    b0,
+                    p.batch,
+                    temperature,
+                    seed,
+                    offset,
+                    filters,
+                )
+            };
             let mut m = 0;
             while m < 2 {
                 if m == 0 || second {
                     let src = if m == 0 { cs } else { cs1 };
                     let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
                     // SAFETY: the role's staged row lies in the tile.
-                    unsafe { epilogue(&mut role, src, vt, tile, lo, partial, peer_partial, &p) };
+                    unsafe {
+                        epilogue::<false>(&mut role, src, vt, tile, lo, partial, peer_partial, &p)
+                    };
                 }
                 m += 1;
             }
@@ -1180,28 +1216,55 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
                 unsafe { arch::mbarrier_arrive(staged) };
             }
         } else {
-            // Each tile in turn (a constant index, so that the
-            // accumulators stay in registers): the warps stage their
-            // logits, then the first `ROWS * SLOTS` threads race and sum
-            // them (one role each).
-            unroll8!(MT, m => {
-                if m == 0 || second {
-                    let (tile, vt) = (tile0 + m as u32, v0 + m as u32 * FUSED_BLOCK_V);
-                    // SAFETY: the warp's rows lie in the staging tile.
-                    unsafe { stage_tile(warp, lane, &acc[m], cs, wb, vt, lo, bias_g, &p) };
-                    arch::bar_sync_named::<1, T>();
-                    if tid < ROWS * SLOTS {
-                        // SAFETY: the launch contract covers the reads.
-                        let mut role = unsafe {
-                            Role::new(0, ROWS * SLOTS, NB, b0, p.batch, temperature, seed, offset, filters)
-                        };
-                        // SAFETY: the role's staged row lies in the tile.
-                        unsafe { epilogue(&mut role, cs, vt, tile, lo, partial, peer_partial, &p) };
-                    }
-                    // The staging tile is rewritten next.
-                    arch::bar_sync_named::<1, T>();
+            // Both tiles staged at once (swizzled rows, beside the ring),
+            // then threads 0-255 race and sum tile 0 and threads 256-511
+            // tile 1 (one role each, its filter word by tile).
+            // SAFETY: the warp's rows of both tiles lie in the staging.
+            let cs1 = unsafe { cs.add((ROWS * FUSED_BLOCK_V) as usize) };
+            unsafe {
+                stage_tile::<NT, true>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
+                if second {
+                    stage_tile::<NT, true>(
+                        warp,
+                        lane,
+                        &acc[1],
+                        cs1,
+                        wb,
+                        v0 + FUSED_BLOCK_V,
+                        lo,
+                        bias_g,
+                        &p,
+                    );
                 }
-            });
+            }
+            arch::bar_sync_named::<1, T>();
+            let (m, t) = (tid / (ROWS * SLOTS), tid % (ROWS * SLOTS));
+            if m == 0 || second {
+                let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
+                let src = if m == 0 { cs } else { cs1 };
+                // SAFETY: the launch contract covers the reads; the filter
+                // words of tile m's roles.
+                let mut role = unsafe {
+                    Role::new(
+                        t,
+                        0,
+                        ROWS * SLOTS,
+                        NB,
+                        b0,
+                        p.batch,
+                        temperature,
+                        seed,
+                        offset,
+                        filters.add((m * ROWS * SLOTS) as usize),
+                    )
+                };
+                // SAFETY: the role's staged row lies in the tile.
+                unsafe {
+                    epilogue::<true>(&mut role, src, vt, tile, lo, partial, peer_partial, &p)
+                };
+            }
+            // The staging is rewritten next step.
+            arch::bar_sync_named::<1, T>();
         }
         step += arch::grid_dim_y();
     }
@@ -1218,7 +1281,7 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
 /// holds the launch's parts.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn epilogue(
+unsafe fn epilogue<const SW: bool>(
     role: &mut Role,
     cs: *const f32,
     vt: u32,
@@ -1234,11 +1297,11 @@ unsafe fn epilogue(
     let mut lse = Lse2::EMPTY;
     // SAFETY: the caller's contract covers every access.
     unsafe {
-        let base = cs.add((role.eb * FUSED_CS_STRIDE + role.slot * SLOT_TOKENS) as usize);
         let j0 = vt + role.slot * SLOT_TOKENS;
         let mut i = 0;
         while i < SLOT_TOKENS {
-            let q = *(base.add(i as usize) as *const [f32; 4]);
+            let q = *(cs.add(cs_at::<SW>(role.eb, role.slot * SLOT_TOKENS + i) as usize)
+                as *const [f32; 4]);
             // Tokens outside the shard (the vocabulary tail, the
             // neighbours' rows of a boundary tile) are absent.
             let j = j0 + i;

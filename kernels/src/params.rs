@@ -180,9 +180,9 @@ pub const FUSED_WS_THREADS: u32 = FUSED_WS_CONSUMERS + 128;
 pub const FUSED_WS_PRODUCER_REGS: u32 = 24;
 /// Registers a consumer thread takes.
 pub const FUSED_WS_CONSUMER_REGS: u32 = 112;
-/// Batch rows of the warp-specialised epilogue's own staging tile (beside
-/// the ring, so that the producer keeps loading during the epilogue): the
-/// 64-row tile.
+/// Batch rows of the warp-specialised epilogue's own staging (beside the
+/// ring, so that the producer keeps loading during the epilogue): the
+/// 64-row tile's, both of its tiles at once.
 pub const FUSED_WS_STAGING_ROWS: u32 = 64;
 
 /// Whether `fused_sample_*_b{block_b}` is warp-specialised on sm_90a
@@ -201,11 +201,11 @@ pub const fn fused_ws_ring_staging(block_b: u32) -> bool {
 }
 
 /// Dynamic shared memory of the warp-specialised `fused_sample_*_b{block_b}`
-/// (sm_90a): 1024 bytes of alignment slack, the stages, the staging tile
-/// unless the logits are staged in the ring, a full and an empty
+/// (sm_90a; its base is 1024-byte aligned): the stages, the staging of both
+/// tiles unless the logits are staged in the ring, a full and an empty
 /// `mbarrier` a stage and the epilogue's, and the roles' filter words.
 pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
-    1024 + fused_ws_filter_offset(block_b) + FUSED_FILTER_BYTES
+    fused_ws_filter_offset(block_b) + FUSED_FILTER_BYTES
 }
 
 /// Byte offset (from the aligned stages) of the `mbarrier`s of the
@@ -216,7 +216,9 @@ pub const fn fused_ws_barrier_offset(block_b: u32) -> u32 {
         + if fused_ws_ring_staging(block_b) {
             2 * fused_staging_bytes(block_b)
         } else {
-            fused_staging_bytes(FUSED_WS_STAGING_ROWS)
+            // Both tiles' logits of the 64-row tile, in rows of
+            // FUSED_BLOCK_V words (swizzled, unpadded).
+            2 * FUSED_WS_STAGING_ROWS * FUSED_BLOCK_V * 4
         };
     if ring > staged { ring } else { staged }
 }

@@ -25,14 +25,7 @@ const SPILL_ALLOW: &[(&str, &str, &str)] = &[
     ("fused_sample_f16_b64", "sm_89", B64_SPILL),
     ("fused_sample_bf16_b64", "sm_90", B64_SPILL),
     ("fused_sample_f16_b64", "sm_90", B64_SPILL),
-    ("fused_sample_bf16_b64", "sm_90a", WS_SPILL),
-    ("fused_sample_f16_b64", "sm_90a", WS_SPILL),
 ];
-const WS_SPILL: &str = "warp-specialised 64-row tile at its 112 consumer registers (the \
-     block pool: 640 x 96, the producer warpgroup keeps 24): ptxas keeps about a dozen loop-invariant \
-     staging offsets in local memory, stored before the step loop and loaded once per step after \
-     the main loop (sm_90a SASS: no local access between the first wait on a full barrier and the \
-     last HGMMA of a step)";
 const B64_SPILL: &str = "mma.sync path at its 128-register bound: ptxas keeps two \
      loop-invariant words (8 to 16 bytes) in local memory, stored before the step loop and \
      loaded once per step after the main loop (sm_80, sm_89 and sm_90 SASS: no local access \
