@@ -35,11 +35,27 @@ pub(crate) struct Kernels {
     pub topk_topp_sample_f32: CudaFunction,
 }
 
+/// A multiprocessor's shared memory: what its resident blocks share, and
+/// what the driver reserves of it for each block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SmemPerSm {
+    pub total: u32,
+    pub reserved_per_block: u32,
+}
+
+impl SmemPerSm {
+    /// Blocks of `bytes` of dynamic shared memory each that fit at once.
+    pub fn blocks(self, bytes: u32) -> u32 {
+        self.total / (bytes + self.reserved_per_block)
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     ctx: Arc<CudaContext>,
     arch: &'static str,
     sm_count: u32,
+    smem: SmemPerSm,
     kernels: Kernels,
     _module: Arc<CudaModule>,
 }
@@ -143,10 +159,19 @@ impl Device {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
+        let smem = SmemPerSm {
+            total: ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )? as u32,
+            reserved_per_block: ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            )? as u32,
+        };
         let dev = Device(Arc::new(Inner {
             ctx,
             arch,
             sm_count,
+            smem,
             kernels,
             _module: module,
         }));
@@ -172,6 +197,11 @@ impl Device {
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.0.sm_count
+    }
+
+    /// Shared memory of one multiprocessor.
+    pub(crate) fn smem_per_sm(&self) -> SmemPerSm {
+        self.0.smem
     }
 
     /// The device's name as the driver reports it.

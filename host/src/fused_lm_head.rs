@@ -15,7 +15,7 @@ use flashsample_kernels::params::{
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
-use crate::device::Device;
+use crate::device::{Device, SmemPerSm};
 use crate::error::{Error, Result, param, shape};
 use crate::rows::RowParams;
 use crate::sampling::Workspace;
@@ -288,7 +288,9 @@ fn batch_tile(batch: usize) -> usize {
 
 /// How the fused kernel for a batch tile of `nb` rows runs in a module:
 /// threads, dynamic shared memory and resident blocks per SM (what its
-/// launch bounds fit the registers to, fewer if shared memory says so).
+/// launch bounds fit the registers to, fewer if the multiprocessor's shared
+/// memory says so: one on an A100's 164 KiB for the 16- and 32-row tiles,
+/// two on Hopper's 228 KiB).
 /// On sm_90a the 64- and 128-row kernels are warp-specialised (one block
 /// of the consumers and a producer warpgroup).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,21 +303,37 @@ struct TileLaunch {
     ws: bool,
 }
 
+/// Whether module `arch`'s kernel for a batch tile of `nb` rows is the
+/// warp-specialised one.
+fn tile_ws(arch: &str, nb: u32) -> bool {
+    arch == "sm_90a" && fused_ws(nb)
+}
+
+/// Dynamic shared memory of module `arch`'s kernel for a batch tile of `nb`
+/// rows.
+fn tile_smem(arch: &str, nb: u32) -> u32 {
+    if tile_ws(arch, nb) {
+        fused_ws_smem_bytes(nb)
+    } else {
+        fused_smem_bytes(nb)
+    }
+}
+
 impl TileLaunch {
-    fn new(arch: &str, nb: u32) -> TileLaunch {
-        const SMEM_PER_SM: u32 = 227 * 1024;
-        if arch == "sm_90a" && fused_ws(nb) {
+    fn new(arch: &str, nb: u32, smem: SmemPerSm) -> TileLaunch {
+        if tile_ws(arch, nb) {
             TileLaunch {
                 threads: FUSED_WS_THREADS,
-                smem: fused_ws_smem_bytes(nb),
+                smem: tile_smem(arch, nb),
                 blocks_per_sm: 1,
                 ws: true,
             }
         } else {
             TileLaunch {
                 threads: fused_threads(nb),
-                smem: fused_smem_bytes(nb),
-                blocks_per_sm: (SMEM_PER_SM / fused_smem_bytes(nb))
+                smem: tile_smem(arch, nb),
+                blocks_per_sm: smem
+                    .blocks(fused_smem_bytes(nb))
                     .clamp(1, fused_blocks_per_sm(nb)),
                 ws: false,
             }
@@ -497,7 +515,7 @@ impl Device {
             &k.fused_f16
         };
         let func = &funcs[tile];
-        let tl = TileLaunch::new(self.arch(), nb);
+        let tl = TileLaunch::new(self.arch(), nb, self.smem_per_sm());
         let batch_tiles = batch.div_ceil(nb as usize) as u32;
         let resident = tl.blocks_per_sm * self.sm_count();
         // CTAs along the vocabulary, each looping over steps of
@@ -608,7 +626,7 @@ pub(crate) fn configure(
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
     for (i, nb) in FUSED_BATCH_TILES.into_iter().enumerate() {
-        let smem = TileLaunch::new(arch, nb).smem as i32;
+        let smem = tile_smem(arch, nb) as i32;
         bf16[i].set_attribute(MAX_SMEM, smem)?;
         f16[i].set_attribute(MAX_SMEM, smem)?;
     }
@@ -679,17 +697,33 @@ mod tests {
 
     #[test]
     fn tiles_fit_shared_memory() {
+        // H100 / H200 and A100 multiprocessors (the driver's attributes).
+        let hopper = SmemPerSm {
+            total: 228 * 1024,
+            reserved_per_block: 1024,
+        };
+        let a100 = SmemPerSm {
+            total: 164 * 1024,
+            reserved_per_block: 1024,
+        };
         for arch in ["sm_80", "sm_90", "sm_90a"] {
             for nb in FUSED_BATCH_TILES {
-                let tl = TileLaunch::new(arch, nb);
+                let tl = TileLaunch::new(arch, nb, hopper);
                 assert!(tl.smem <= 227 * 1024);
                 assert!(tl.blocks_per_sm >= 1);
                 assert_eq!(tl.ws, arch == "sm_90a" && nb >= 64);
+                assert_eq!(tile_smem(arch, nb), tl.smem);
             }
         }
-        assert_eq!(TileLaunch::new("sm_90a", 16).blocks_per_sm, 2);
-        assert_eq!(TileLaunch::new("sm_90", 128).blocks_per_sm, 1);
-        assert_eq!(TileLaunch::new("sm_90a", 128).threads, FUSED_WS_THREADS);
+        for nb in [16, 32] {
+            assert_eq!(TileLaunch::new("sm_90a", nb, hopper).blocks_per_sm, 2);
+            assert_eq!(TileLaunch::new("sm_80", nb, a100).blocks_per_sm, 1);
+        }
+        assert_eq!(TileLaunch::new("sm_90", 128, hopper).blocks_per_sm, 1);
+        assert_eq!(
+            TileLaunch::new("sm_90a", 128, hopper).threads,
+            FUSED_WS_THREADS
+        );
         let rows = |b| FUSED_BATCH_TILES[batch_tile(b)];
         assert_eq!(rows(1), 16);
         assert_eq!(rows(17), 32);
