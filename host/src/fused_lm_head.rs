@@ -11,7 +11,7 @@ use cudarc::driver::{
 use flashsample_kernels::params::{
     FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_WS_THREADS, FusedParams, TensorMap,
     fused_blocks_per_sm, fused_mtiles, fused_smem_bytes, fused_threads, fused_ws,
-    fused_ws_smem_bytes,
+    fused_ws_smem_bytes, fused_ws_step_tiles,
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
@@ -519,8 +519,13 @@ impl Device {
         let batch_tiles = batch.div_ceil(nb as usize) as u32;
         let resident = tl.blocks_per_sm * self.sm_count();
         // CTAs along the vocabulary, each looping over steps of
-        // fused_mtiles(nb) tiles.
-        let steps = p.tiles.div_ceil(fused_mtiles(nb));
+        // `step_tiles` tiles.
+        let step_tiles = if tl.ws {
+            fused_ws_step_tiles(nb)
+        } else {
+            fused_mtiles(nb)
+        };
+        let steps = p.tiles.div_ceil(step_tiles);
         let ctas_v = balanced_ctas(steps, slot.blocks(resident) / batch_tiles);
         let params = input.params;
         let (t, _g4) = params.temperature.device_ptr(stream);
@@ -529,12 +534,12 @@ impl Device {
         let arg = FusedArg(*p);
         // The warp-specialised kernels read the hidden states (boxes of the
         // batch tile's rows) and the launch's LM-head rows (boxes of a
-        // step's two tiles) through tensor maps.
+        // step's tiles) through tensor maps.
         let maps = if tl.ws {
             let dim = p.dim as usize;
             Some((
                 tensor_map_2d::<T>(h, dim, batch, p.hidden_stride as usize, nb)?,
-                tensor_map_2d::<T>(w, dim, p.vocab as usize, dim, 2 * FUSED_BLOCK_V)?,
+                tensor_map_2d::<T>(w, dim, p.vocab as usize, dim, step_tiles * FUSED_BLOCK_V)?,
             ))
         } else {
             None

@@ -755,6 +755,8 @@ wgmma_size! { 8, "16", wgmma_m64n16k16_bf16, wgmma_m64n16k16_f16, operand_fence_
 wgmma_size! { 16, "32", wgmma_m64n32k16_bf16, wgmma_m64n32k16_f16, operand_fence_16, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15] }
 #[cfg(target_feature = "sm_90a")]
 wgmma_size! { 32, "64", wgmma_m64n64k16_bf16, wgmma_m64n64k16_f16, operand_fence_32, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15, d16 = 16, d17 = 17, d18 = 18, d19 = 19, d20 = 20, d21 = 21, d22 = 22, d23 = 23, d24 = 24, d25 = 25, d26 = 26, d27 = 27, d28 = 28, d29 = 29, d30 = 30, d31 = 31] }
+#[cfg(target_feature = "sm_90a")]
+wgmma_size! { 64, "128", wgmma_m64n128k16_bf16, wgmma_m64n128k16_f16, operand_fence_64, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15, d16 = 16, d17 = 17, d18 = 18, d19 = 19, d20 = 20, d21 = 21, d22 = 22, d23 = 23, d24 = 24, d25 = 25, d26 = 26, d27 = 27, d28 = 28, d29 = 29, d30 = 30, d31 = 31, d32 = 32, d33 = 33, d34 = 34, d35 = 35, d36 = 36, d37 = 37, d38 = 38, d39 = 39, d40 = 40, d41 = 41, d42 = 42, d43 = 43, d44 = 44, d45 = 45, d46 = 46, d47 = 47, d48 = 48, d49 = 49, d50 = 50, d51 = 51, d52 = 52, d53 = 53, d54 = 54, d55 = 55, d56 = 56, d57 = 57, d58 = 58, d59 = 59, d60 = 60, d61 = 61, d62 = 62, d63 = 63] }
 
 // ---------------------------------------------------------------------------
 // mbarrier pipelines and the bulk tensor copy engine (sm_90a's
@@ -882,6 +884,17 @@ pub unsafe fn cp_async_bulk_tensor_2d(dst: u32, map: u64, c0: i32, c1: i32, bar:
 pub fn bar_sync_named<const ID: u32, const COUNT: u32>() {
     // SAFETY: a barrier; callers reach it uniformly per warp.
     unsafe { asm!("bar.sync {i}, {n};", i = const ID, n = const COUNT, options(nostack)) };
+}
+
+/// `bar.arrive ID, COUNT`: this thread arrives at named barrier `ID`
+/// without waiting (release: its earlier memory accesses happen before the
+/// accesses of the threads that then complete the barrier with
+/// [`bar_sync_named`]). `COUNT` counts both sides.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn bar_arrive_named<const ID: u32, const COUNT: u32>() {
+    // SAFETY: a barrier; callers reach it uniformly per warp.
+    unsafe { asm!("bar.arrive {i}, {n};", i = const ID, n = const COUNT, options(nostack)) };
 }
 
 /// `setmaxnreg.dec.sync.aligned.u32 N`: this warpgroup gives registers

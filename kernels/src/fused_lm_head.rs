@@ -37,9 +37,12 @@
 //! (above 48 KiB: the host raises the function's limit).
 //!
 //! In the sm_90a module the 64- and 128-row kernels are warp-specialised
-//! (`fused_sample_ws`): block `params::FUSED_WS_THREADS`, dynamic shared
-//! memory `params::fused_ws_smem_bytes(B)`, and the first two parameters
-//! are `params::TensorMap`s of the hidden states and the LM head (passed by
+//! (`fused_sample_ws` at 64 rows, two tiles a step; `fused_sample_pp` at
+//! 128, one tile a step in two consumer groups taking turns): block
+//! `params::FUSED_WS_THREADS`, grid `(ceil(batch / B), ctas)` over steps of
+//! `params::fused_ws_step_tiles(B)` tiles, dynamic shared memory
+//! `params::fused_ws_smem_bytes(B)`, and the first two parameters are
+//! `params::TensorMap`s of the hidden states and the LM head (passed by
 //! value, 64-byte aligned in parameter space) instead of their addresses.
 //!
 //! # Safety (caller)
@@ -61,9 +64,9 @@ use crate::params::{
 };
 #[cfg(target_feature = "sm_90a")]
 use crate::params::{
-    FUSED_WS_CONSUMER_REGS, FUSED_WS_CONSUMERS, FUSED_WS_PRODUCER_REGS, FUSED_WS_STAGES,
-    FUSED_WS_STAGING_ROWS, TensorMap, fused_ws, fused_ws_barrier_offset, fused_ws_filter_offset,
-    fused_ws_ring_staging, fused_ws_staging_offset,
+    FUSED_WS_CONSUMER_REGS, FUSED_WS_CONSUMERS, FUSED_WS_PRODUCER_REGS, FUSED_WS_STAGES, TensorMap,
+    fused_ws, fused_ws_barrier_offset, fused_ws_filter_offset, fused_ws_stage_bytes,
+    fused_ws_staging_offset, fused_ws_step_tiles,
 };
 use crate::race::Race;
 use crate::sample;
@@ -173,7 +176,7 @@ struct Align1024([u8; 1024]);
 trait Mma {
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
 
-    /// `wgmma` m64 x 8NT x k16 (NT 2, 4 or 8) into `d`, laid out as NT
+    /// `wgmma` m64 x 8NT x k16 (NT 2, 4, 8 or 16) into `d`, laid out as NT
     /// m16n8 accumulator fragments (the layouts agree).
     ///
     /// # Safety
@@ -182,7 +185,7 @@ trait Mma {
     unsafe fn wgmma<const NT: usize>(d: &mut [[f32; 4]; NT], a: u64, b: u64);
 }
 
-/// `arch::operand_fence_*` over the NT (2, 4 or 8) fragments of `d`.
+/// `arch::operand_fence_*` over the NT (2, 4, 8 or 16) fragments of `d`.
 #[cfg(target_feature = "sm_90a")]
 #[inline(always)]
 fn fence_acc<const NT: usize>(d: &mut [[f32; 4]; NT]) {
@@ -190,7 +193,9 @@ fn fence_acc<const NT: usize>(d: &mut [[f32; 4]; NT]) {
     // SAFETY: `d` is 4 NT contiguous f32 (other NT never reach here, as
     // in Mma::wgmma).
     unsafe {
-        if NT == 8 {
+        if NT == 16 {
+            arch::operand_fence_64(&mut *(p as *mut [f32; 64]))
+        } else if NT == 8 {
             arch::operand_fence_32(&mut *(p as *mut [f32; 32]))
         } else if NT == 4 {
             arch::operand_fence_16(&mut *(p as *mut [f32; 16]))
@@ -213,7 +218,7 @@ struct Bf16;
 struct F16;
 
 macro_rules! mma_impl {
-    ($ty:ident, $mma:ident, $wg16:ident, $wg32:ident, $wg64:ident) => {
+    ($ty:ident, $mma:ident, $wg16:ident, $wg32:ident, $wg64:ident, $wg128:ident) => {
         impl Mma for $ty {
             #[inline(always)]
             fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
@@ -226,9 +231,11 @@ macro_rules! mma_impl {
                 let p = d.as_mut_ptr() as *mut f32;
                 // SAFETY: `d` is 4 NT contiguous f32; the caller's
                 // contract for the rest. (Other NT never reach here:
-                // fused_sample asserts NT is 2, 4 or 8.)
+                // the kernels assert NT is 2, 4, 8 or 16.)
                 unsafe {
-                    if NT == 8 {
+                    if NT == 16 {
+                        arch::$wg128(&mut *(p as *mut [f32; 64]), a, b)
+                    } else if NT == 8 {
                         arch::$wg64(&mut *(p as *mut [f32; 32]), a, b)
                     } else if NT == 4 {
                         arch::$wg32(&mut *(p as *mut [f32; 16]), a, b)
@@ -245,14 +252,16 @@ mma_impl!(
     mma_m16n8k16_bf16,
     wgmma_m64n16k16_bf16,
     wgmma_m64n32k16_bf16,
-    wgmma_m64n64k16_bf16
+    wgmma_m64n64k16_bf16,
+    wgmma_m64n128k16_bf16
 );
 mma_impl!(
     F16,
     mma_m16n8k16_f16,
     wgmma_m64n16k16_f16,
     wgmma_m64n32k16_f16,
-    wgmma_m64n64k16_f16
+    wgmma_m64n64k16_f16,
+    wgmma_m64n128k16_f16
 );
 
 /// Rows one pass of a block of `threads` covers with its copies: each
@@ -381,8 +390,6 @@ struct Pipeline<const WC: u32, const HC: u32, const T: u32> {
     smem0: u32,
     stages: u32,
     stage_bytes: u32,
-    /// `mma_lag` of the kernel.
-    lag: u32,
     /// k-blocks of a tile.
     nk: u32,
     dim: u32,
@@ -415,7 +422,7 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
     #[inline(always)]
     unsafe fn prologue(&self, w: &RowCopies<WC, T>) {
         let mut s = 0;
-        while s < self.stages - 1 - self.lag {
+        while s < self.stages - 1 {
             if s < self.nk {
                 // SAFETY: forwarded.
                 unsafe { self.load(w, self.smem0 + s * self.stage_bytes, s) };
@@ -423,22 +430,6 @@ impl<const WC: u32, const HC: u32, const T: u32> Pipeline<WC, HC, T> {
             arch::cp_async_commit_group();
             s += 1;
         }
-    }
-}
-
-/// k-blocks whose tensor-core work may still be in flight when the next
-/// k-block's is issued, for `NT` n-tiles a warp and `MT` tiles a step: 1
-/// for the 128-row batch tile on sm_90a (`NT` 8, two tiles a step:
-/// `wgmma` groups waited for one k-block later), else 0 (`mma.sync`; the
-/// 64-row tile, which measured 4-5 % slower with the lag because it needs
-/// its loads in flight; the streaming small batches). The pipeline loads
-/// that many fewer k-blocks ahead, so that a stage is overwritten only once
-/// every warpgroup's `wgmma` reading it has completed.
-const fn mma_lag(nt: usize, mt: usize) -> u32 {
-    if cfg!(target_feature = "sm_90a") && mt > 1 && nt == 8 {
-        1
-    } else {
-        0
     }
 }
 
@@ -488,7 +479,7 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     #[cfg(target_feature = "sm_90a")]
     {
         // SAFETY: forwarded.
-        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc, mma_lag(NT, MT)) };
+        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc) };
         return;
     }
     let lane = arch::thread_idx_x() % 32;
@@ -536,7 +527,6 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     stage: u32,
     acc: &mut [[[f32; 4]; NT]; MT],
-    lag: u32,
 ) {
     let (warp, wb) = warp_place::<NT, T>();
     let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
@@ -565,14 +555,7 @@ unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
             }
         }
     });
-    // With a lag of 1 the previous k-block's group has completed (its
-    // stage may be overwritten after the next barrier) and this one's
-    // stays in flight; with 0, this one's has completed too.
-    if lag == 1 {
-        arch::wgmma_commit_wait::<1>();
-    } else {
-        arch::wgmma_commit_wait::<0>();
-    }
+    arch::wgmma_commit_wait::<0>();
 }
 
 /// After the main loop on sm_90a: every `wgmma` complete and the
@@ -723,8 +706,8 @@ impl Role {
     }
 }
 
-/// Sets this thread's role words of the filter array at byte offset
-/// [`fused_filter_offset`] of the aligned shared memory (one f32 a role,
+/// Sets the role words of the thread of index `at` among `threads` (the
+/// block's, or a group's) in the filter array `filters` (one f32 a role,
 /// `roles` of them a thread, `threads` apart) to -inf: no filter before the
 /// block's first tile of each row. Each word is only ever read and written
 /// by its own thread, so no barrier orders them.
@@ -732,12 +715,11 @@ impl Role {
 /// # Safety
 /// `filters` holds `roles * threads` words.
 #[inline(always)]
-unsafe fn init_filters(filters: *mut f32, roles: u32, threads: u32) {
-    let tid = arch::thread_idx_x();
+unsafe fn init_filters(filters: *mut f32, at: u32, roles: u32, threads: u32) {
     let mut e = 0;
     while e < roles {
         // SAFETY: the caller's contract.
-        unsafe { *filters.add((tid + e * threads) as usize) = f32::NEG_INFINITY };
+        unsafe { *filters.add((at + e * threads) as usize) = f32::NEG_INFINITY };
         e += 1;
     }
 }
@@ -800,7 +782,7 @@ unsafe fn fused_sample<
     let filters = unsafe { smem.add(fused_filter_offset(NB) as usize) } as *mut f32;
     const { assert!(ER as u32 * T * 4 <= FUSED_FILTER_BYTES) };
     // SAFETY: as above.
-    unsafe { init_filters(filters, ER as u32, T) };
+    unsafe { init_filters(filters, tid, ER as u32, T) };
 
     // The shard's tokens `[lo, lo + vocab)`, on the full vocabulary's tile
     // grid; the bias indexed by global token (read only inside the shard):
@@ -822,12 +804,10 @@ unsafe fn fused_sample<
         // At most FUSED_MAX_STRIDE (the host checks).
         p.hidden_stride as u32,
     );
-    let lag = mma_lag(NT, MT);
     let pipe = Pipeline {
         smem0,
         stages,
         stage_bytes,
-        lag,
         nk,
         dim: p.dim,
         h: h_copy,
@@ -851,10 +831,10 @@ unsafe fn fused_sample<
             }
             let mut kb = 0;
             while kb < nk {
-                // All but the newest `stages - 2 - lag` groups
+                // All but the newest `stages - 2` groups
                 // complete: k-block `kb` has landed (constants, so this
                 // folds to one instruction).
-                match stages - lag {
+                match stages {
                     5 => arch::cp_async_wait_group::<3>(),
                     4 => arch::cp_async_wait_group::<2>(),
                     3 => arch::cp_async_wait_group::<1>(),
@@ -865,9 +845,9 @@ unsafe fn fused_sample<
                 arch::fence_proxy_async_shared();
                 arch::bar_sync();
                 mma_stage::<M, NT, MT, T>(smem0 + (kb % stages) * stage_bytes, &mut acc);
-                // Into the stage of k-block kb - 1 - lag, whose
+                // Into the stage of k-block kb - 1, whose
                 // readers every thread has waited for before the barrier.
-                let next = kb + stages - 1 - lag;
+                let next = kb + stages - 1;
                 if next < nk {
                     pipe.load(&w_copy, smem0 + (next % stages) * stage_bytes, next);
                 }
@@ -970,41 +950,122 @@ unsafe fn fused_sample<
     }
 }
 
-/// The warp-specialised fused sampler (sm_90a) for a batch tile of `NB`
-/// rows (64 or 128: two vocabulary tiles a step, `NT = NB / 16` n-tiles a
-/// warp). Warps 0-15 are the consumers of the two-tiles-a-step layout of
+/// The producer of the warp-specialised fused samplers (sm_90a): one thread
+/// walks the consumers' sequence of uses of the ring (the block's steps
+/// `y, y + ctas, ..` in order, every k-block of each) and loads each use
+/// with the bulk tensor copy engine: a k-block of the step's `MT` tiles of
+/// LM-head rows, then of the batch tile's hidden-state rows (elements
+/// outside either tensor zero-filled), once the stage's previous use has
+/// been released.
+///
+/// # Safety
+/// `hmap` and `wmap` as in [`fused_sample_ws`]; the barriers are
+/// initialised; `full(s)` and `empty(s)` are the stages' barriers.
+#[cfg(target_feature = "sm_90a")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn ws_produce<const MT: u32>(
+    hmap: u64,
+    wmap: u64,
+    smem0: u32,
+    stage_bytes: u32,
+    bars: u32,
+    nk: u32,
+    b0: u32,
+    p: &FusedParams,
+) {
+    let stages = FUSED_WS_STAGES;
+    let (full, empty) = (|s: u32| bars + 8 * s, |s: u32| bars + 8 * (stages + s));
+    let lo = p.vocab_offset;
+    let first_tile = lo / FUSED_BLOCK_V;
+    let steps = p.tiles.div_ceil(MT);
+    let mut use_ = 0u32;
+    let mut step = arch::block_idx_y();
+    while step < steps {
+        // The step's first LM-head row, relative to the shard's first
+        // (negative for a boundary tile starting before it).
+        let row = ((first_tile + step * MT) * FUSED_BLOCK_V).wrapping_sub(lo) as i32;
+        let mut kb = 0;
+        while kb < nk {
+            let s = use_ % stages;
+            let stage = smem0 + s * stage_bytes;
+            let k = (kb * FUSED_BLOCK_K) as i32;
+            // SAFETY: the stage lies in the ring; the maps describe the
+            // launch's tensors (the caller's contract).
+            unsafe {
+                // Free once every consumer warp released its previous use
+                // (the first use passes at once).
+                arch::mbarrier_wait_parity(empty(s), (use_ / stages + 1) & 1);
+                arch::mbarrier_arrive_expect_tx(full(s), stage_bytes);
+                arch::cp_async_bulk_tensor_2d(stage, wmap, k, row, full(s));
+                arch::cp_async_bulk_tensor_2d(
+                    stage + MT * FUSED_BLOCK_V * ROW_BYTES,
+                    hmap,
+                    k,
+                    b0 as i32,
+                    full(s),
+                );
+            }
+            use_ += 1;
+            kb += 1;
+        }
+        step += arch::grid_dim_y();
+    }
+}
+
+/// Initialises the warp-specialised kernels' barriers (thread 0: a full
+/// barrier of one arrival and an empty one of `consumer_warps` a stage)
+/// and waits for the block.
+///
+/// # Safety
+/// Every thread of the block calls it once, first; `bars` is the barrier
+/// region ([`fused_ws_barrier_offset`]).
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+unsafe fn ws_init_barriers(bars: u32, consumer_warps: u32) {
+    let stages = FUSED_WS_STAGES;
+    if arch::thread_idx_x() == 0 {
+        let mut s = 0;
+        while s < stages {
+            // SAFETY: 8-byte aligned barriers inside the dynamic shared
+            // memory, initialised before any use (the barrier below).
+            unsafe {
+                arch::mbarrier_init(bars + 8 * s, 1);
+                arch::mbarrier_init(bars + 8 * (stages + s), consumer_warps);
+            }
+            s += 1;
+        }
+        arch::fence_mbarrier_init();
+    }
+    arch::bar_sync();
+}
+
+/// The warp-specialised fused sampler (sm_90a) for a batch tile of 64 rows
+/// (two vocabulary tiles a step, `NT = NB / 16` n-tiles a warp). Warps
+/// 0-15 are the consumers of the two-tiles-a-step layout of
 /// [`fused_sample`] (the same `wgmma` in the same order, the same staging
 /// and epilogue, so the same logits and partials, bit for bit); warps 16-19
 /// are the producer warpgroup, which gives its registers to the consumers
-/// and one thread of which loads every k-block of every step with the bulk
-/// tensor copy engine (the LM-head rows of the step's two tiles and the
-/// batch tile's hidden-state rows, elements outside either tensor
-/// zero-filled) into a ring of [`FUSED_WS_STAGES`] stages. Each stage has a
-/// full barrier (the producer's arrival and the copies' bytes) and an empty
-/// one (one arrival a consumer warp once its `wgmma` reading the stage have
-/// completed).
+/// and one thread of which loads every k-block of every step
+/// ([`ws_produce`]) into a ring of [`FUSED_WS_STAGES`] stages. Each stage
+/// has a full barrier (the producer's arrival and the copies' bytes) and an
+/// empty one (one arrival a consumer warp once its `wgmma` reading the
+/// stage have completed: the consumers wait for each k-block's before the
+/// next, so three stages of the LM head stay in flight).
 ///
-/// The epilogue stages the step's logits in one of two ways
-/// ([`fused_ws_ring_staging`]): 64 rows stage both tiles beside the ring
-/// (rows of 128 words, 16-byte chunks XOR-swizzled, [`cs_at`]; the dynamic
-/// shared memory is 1024-byte aligned, so no slack), so the producer loads
-/// the next step during the epilogue, which runs one role a thread (tile 0
-/// on threads 0-255, tile 1 on 256-511); the consumers release each stage
-/// as soon as its `wgmma` complete (they wait for each k-block's before the
-/// next: 64 rows compute little, and three stages of the LM head stay in
-/// flight). 128 rows stage both tiles in the ring itself (their
-/// accumulators leave registers before the epilogue, which then runs one
-/// role a thread, as in [`fused_sample`]), so the producer starts a step
-/// only once the consumers have signalled the previous step's epilogue
-/// done (a third barrier), and one `wgmma` group stays in flight.
+/// The epilogue stages both tiles at once beside the ring (rows of 128
+/// words, 16-byte chunks XOR-swizzled, [`cs_at`]; the dynamic shared
+/// memory is 1024-byte aligned, so no slack), so the producer loads the
+/// next step during the epilogue, which runs one role a thread (tile 0 on
+/// threads 0-255, tile 1 on 256-511).
 ///
 /// # Safety
 /// As [`fused_sample`], with the hidden states and LM head read through
 /// `hmap` and `wmap`: the generic addresses of 2D tensor maps (128-byte
 /// swizzle) of the hidden states (`batch` rows of `dim`, `hidden_stride`
 /// apart, boxes of 64 columns by `NB` rows) and of the launch's LM head
-/// (`vocab` rows of `dim`, boxes of 64 columns by `2 * FUSED_BLOCK_V`
-/// rows).
+/// (`vocab` rows of `dim`, boxes of 64 columns by
+/// [`fused_ws_step_tiles`]`(NB) * FUSED_BLOCK_V` rows).
 #[cfg(target_feature = "sm_90a")]
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -1021,47 +1082,27 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
 ) {
     const MT: usize = 2;
     const T: u32 = FUSED_WS_CONSUMERS;
-    const ROWS: u32 = FUSED_WS_STAGING_ROWS;
-    const { assert!(fused_ws(NB) && NT as u32 * 16 == NB && (NB == ROWS || NB == 2 * ROWS)) };
-    const { assert!(fused_stage_bytes(NB) == (MT as u32 * FUSED_BLOCK_V + NB) * ROW_BYTES) };
-    let in_ring = fused_ws_ring_staging(NB);
-    // k-blocks whose `wgmma` stay in flight when the next one's are issued.
-    let lag = u32::from(in_ring);
+    const { assert!(fused_ws(NB) && fused_ws_step_tiles(NB) == MT as u32 && NT as u32 * 16 == NB) };
+    const { assert!(fused_ws_stage_bytes(NB) == (MT as u32 * FUSED_BLOCK_V + NB) * ROW_BYTES) };
+    const { assert!(NB * SLOTS * MT as u32 == T) };
     let tid = arch::thread_idx_x();
     // The stages 1024-byte aligned (the 128-byte swizzle): asking for that
     // alignment makes the module's dynamic shared memory symbol `.align
     // 1024`, so no slack is needed.
     let smem = arch::dynamic_shared::<Align1024>() as *mut u8;
     let smem0 = arch::smem_addr(smem);
-    let stage_bytes = fused_stage_bytes(NB);
+    let stage_bytes = fused_ws_stage_bytes(NB);
     let stages = FUSED_WS_STAGES;
-    // SAFETY: the staging tiles lie in the ring or after it
-    // (fused_ws_smem_bytes).
+    // SAFETY: the staging tiles lie after the ring (fused_ws_smem_bytes).
     let cs = unsafe { smem.add(fused_ws_staging_offset(NB) as usize) } as *mut f32;
     // Stage s's full barrier at `bars + 8 s`, its empty one at
-    // `bars + 8 (stages + s)`, then the epilogue's, after the ring and the
-    // staging tile.
+    // `bars + 8 (stages + s)`, after the ring and the staging.
     let bars = smem0 + fused_ws_barrier_offset(NB);
     // SAFETY: the filter words follow the barriers (fused_ws_smem_bytes).
     let filters = unsafe { smem.add(fused_ws_filter_offset(NB) as usize) } as *mut f32;
     let (full, empty) = (|s: u32| bars + 8 * s, |s: u32| bars + 8 * (stages + s));
-    let staged = bars + 16 * stages;
-    if tid == 0 {
-        let mut s = 0;
-        while s < stages {
-            // SAFETY: 8-byte aligned barriers inside the dynamic shared
-            // memory, initialised before any use (the barrier below).
-            unsafe {
-                arch::mbarrier_init(full(s), 1);
-                arch::mbarrier_init(empty(s), T / 32);
-            }
-            s += 1;
-        }
-        // SAFETY: as above.
-        unsafe { arch::mbarrier_init(staged, T / 32) };
-        arch::fence_mbarrier_init();
-    }
-    arch::bar_sync();
+    // SAFETY: every thread, first.
+    unsafe { ws_init_barriers(bars, T / 32) };
 
     let nk = p.dim.div_ceil(FUSED_BLOCK_K);
     let lo = p.vocab_offset;
@@ -1070,56 +1111,19 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
     let b0 = arch::block_idx_x() * NB;
     if tid >= T {
         arch::setmaxnreg_dec::<FUSED_WS_PRODUCER_REGS>();
-        // The producer: one thread walks the consumers' sequence of
-        // (step, k-block) uses of the ring.
         if tid == T {
-            let mut use_ = 0u32;
-            let mut done = 0u32;
-            let mut step = arch::block_idx_y();
-            while step < steps {
-                if in_ring && done > 0 {
-                    // The previous step's epilogue has left the ring.
-                    // SAFETY: an initialised barrier.
-                    unsafe { arch::mbarrier_wait_parity(staged, (done - 1) & 1) };
-                }
-                // The step's first LM-head row, relative to the shard's
-                // first (negative for a boundary tile starting before it).
-                let row = ((first_tile + step * MT as u32) * FUSED_BLOCK_V).wrapping_sub(lo) as i32;
-                let mut kb = 0;
-                while kb < nk {
-                    let s = use_ % stages;
-                    let stage = smem0 + s * stage_bytes;
-                    let k = (kb * FUSED_BLOCK_K) as i32;
-                    // SAFETY: the stage lies in the ring; the maps describe
-                    // the launch's tensors (the caller's contract).
-                    unsafe {
-                        // Free once every consumer warp released its
-                        // previous use (the first use passes at once).
-                        arch::mbarrier_wait_parity(empty(s), (use_ / stages + 1) & 1);
-                        arch::mbarrier_arrive_expect_tx(full(s), stage_bytes);
-                        arch::cp_async_bulk_tensor_2d(stage, wmap, k, row, full(s));
-                        arch::cp_async_bulk_tensor_2d(
-                            stage + MT as u32 * FUSED_BLOCK_V * ROW_BYTES,
-                            hmap,
-                            k,
-                            b0 as i32,
-                            full(s),
-                        );
-                    }
-                    use_ += 1;
-                    kb += 1;
-                }
-                done += 1;
-                step += arch::grid_dim_y();
-            }
+            // SAFETY: the caller's contract; the barriers are initialised.
+            unsafe {
+                ws_produce::<{ MT as u32 }>(hmap, wmap, smem0, stage_bytes, bars, nk, b0, &p)
+            };
         }
         return;
     }
 
     // The consumers.
     arch::setmaxnreg_inc::<FUSED_WS_CONSUMER_REGS>();
-    // SAFETY: T words (one role a consumer thread at most).
-    unsafe { init_filters(filters, 1, T) };
+    // SAFETY: T words (one role a consumer thread).
+    unsafe { init_filters(filters, tid, 1, T) };
     let lane = tid % 32;
     let (warp, wb) = warp_place::<NT, T>();
     let bias_g = bias.wrapping_sub(lo as usize);
@@ -1137,137 +1141,318 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
             // proxy: they were written by it).
             unsafe {
                 arch::mbarrier_wait_parity(full(s), (use_ / stages) & 1);
-                wgmma_stage::<M, NT, MT, T>(smem0 + s * stage_bytes, &mut acc, lag);
+                wgmma_stage::<M, NT, MT, T>(smem0 + s * stage_bytes, &mut acc);
             }
-            // The `wgmma` of k-block kb - lag have completed: its stage
-            // goes back to the producer.
-            if kb >= lag && lane == 0 {
+            // The k-block's `wgmma` have completed: its stage goes back to
+            // the producer.
+            if lane == 0 {
                 // SAFETY: an initialised barrier.
-                unsafe { arch::mbarrier_arrive(empty((use_ - lag) % stages)) };
+                unsafe { arch::mbarrier_arrive(empty(s)) };
             }
             use_ += 1;
             kb += 1;
         }
         wgmma_drain(&mut acc);
-        if lag == 1 && lane == 0 {
-            // SAFETY: an initialised barrier.
-            unsafe { arch::mbarrier_arrive(empty((use_ - 1) % stages)) };
-        }
 
         // The step's second tile, unless it is past the shard's last tile.
         let second = tile0 + 1 < p.tiles;
-        if in_ring {
-            // Every k-block of the step has landed, and the producer waits
-            // for `staged`: once every warpgroup's `wgmma` have completed
-            // (this barrier), the ring is the staging memory of both tiles
-            // (as in fused_sample).
-            arch::bar_sync_named::<1, T>();
-            // SAFETY: rows wb .. wb + 8 NT of both tiles lie in the ring.
-            let cs1 = unsafe { cs.add((NB * FUSED_CS_STRIDE) as usize) };
-            unsafe {
-                stage_tile::<NT, false>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
-                if second {
-                    stage_tile::<NT, false>(
-                        warp,
-                        lane,
-                        &acc[1],
-                        cs1,
-                        wb,
-                        v0 + FUSED_BLOCK_V,
-                        lo,
-                        bias_g,
-                        &p,
-                    );
-                }
+        // Both tiles staged at once (swizzled rows, beside the ring), then
+        // threads 0-255 race and sum tile 0 and threads 256-511 tile 1 (one
+        // role each, its filter word by tile).
+        // SAFETY: the warp's rows of both tiles lie in the staging.
+        let cs1 = unsafe { cs.add((NB * FUSED_BLOCK_V) as usize) };
+        unsafe {
+            stage_tile::<NT, true>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
+            if second {
+                stage_tile::<NT, true>(
+                    warp,
+                    lane,
+                    &acc[1],
+                    cs1,
+                    wb,
+                    v0 + FUSED_BLOCK_V,
+                    lo,
+                    bias_g,
+                    &p,
+                );
             }
-            arch::bar_sync_named::<1, T>();
-            // One role a thread (NB * SLOTS == T), both tiles.
-            // SAFETY: the launch contract covers the reads.
+        }
+        arch::bar_sync_named::<1, T>();
+        let (m, t) = (tid / (NB * SLOTS), tid % (NB * SLOTS));
+        if m == 0 || second {
+            let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
+            let src = if m == 0 { cs } else { cs1 };
+            // SAFETY: the launch contract covers the reads; the filter
+            // words of tile m's roles.
             let mut role = unsafe {
                 Role::new(
-                    tid,
+                    t,
                     0,
-                    T,
+                    NB * SLOTS,
                     NB,
                     b0,
                     p.batch,
                     temperature,
                     seed,
                     offset,
-                    filters,
+                    filters.add((m * NB * SLOTS) as usize),
                 )
             };
-            let mut m = 0;
-            while m < 2 {
-                if m == 0 || second {
-                    let src = if m == 0 { cs } else { cs1 };
-                    let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
-                    // SAFETY: the role's staged row lies in the tile.
-                    unsafe {
-                        epilogue::<false>(&mut role, src, vt, tile, lo, partial, peer_partial, &p)
-                    };
-                }
-                m += 1;
-            }
-            // The ring's next writes are the copy engine's (async proxy).
-            arch::fence_proxy_async_shared();
-            if lane == 0 {
-                // SAFETY: an initialised barrier.
-                unsafe { arch::mbarrier_arrive(staged) };
-            }
-        } else {
-            // Both tiles staged at once (swizzled rows, beside the ring),
-            // then threads 0-255 race and sum tile 0 and threads 256-511
-            // tile 1 (one role each, its filter word by tile).
-            // SAFETY: the warp's rows of both tiles lie in the staging.
-            let cs1 = unsafe { cs.add((ROWS * FUSED_BLOCK_V) as usize) };
-            unsafe {
-                stage_tile::<NT, true>(warp, lane, &acc[0], cs, wb, v0, lo, bias_g, &p);
-                if second {
-                    stage_tile::<NT, true>(
-                        warp,
-                        lane,
-                        &acc[1],
-                        cs1,
-                        wb,
-                        v0 + FUSED_BLOCK_V,
-                        lo,
-                        bias_g,
-                        &p,
-                    );
-                }
-            }
-            arch::bar_sync_named::<1, T>();
-            let (m, t) = (tid / (ROWS * SLOTS), tid % (ROWS * SLOTS));
-            if m == 0 || second {
-                let (tile, vt) = (tile0 + m, v0 + m * FUSED_BLOCK_V);
-                let src = if m == 0 { cs } else { cs1 };
-                // SAFETY: the launch contract covers the reads; the filter
-                // words of tile m's roles.
-                let mut role = unsafe {
-                    Role::new(
-                        t,
-                        0,
-                        ROWS * SLOTS,
-                        NB,
-                        b0,
-                        p.batch,
-                        temperature,
-                        seed,
-                        offset,
-                        filters.add((m * ROWS * SLOTS) as usize),
-                    )
-                };
-                // SAFETY: the role's staged row lies in the tile.
-                unsafe {
-                    epilogue::<true>(&mut role, src, vt, tile, lo, partial, peer_partial, &p)
-                };
-            }
-            // The staging is rewritten next step.
-            arch::bar_sync_named::<1, T>();
+            // SAFETY: the role's staged row lies in the tile.
+            unsafe { epilogue::<true>(&mut role, src, vt, tile, lo, partial, peer_partial, &p) };
         }
+        // The staging is rewritten next step.
+        arch::bar_sync_named::<1, T>();
         step += arch::grid_dim_y();
     }
+}
+
+/// The warp-specialised fused sampler (sm_90a) for a batch tile of 128
+/// rows, one vocabulary tile a step, in two consumer groups of eight warps
+/// that take turns (ping-pong): group `g` (warps `8g .. 8g + 7`) runs the
+/// block's steps `2 n + g` (`y + (2 n + g) ctas`), each warp its 16
+/// vocabulary rows of the tile against all 128 batch rows (each warpgroup
+/// one `wgmma.m64n128k16` a k16 step: 64 accumulator registers a thread,
+/// laid out as 16 `mma.sync` fragments, so the staging and epilogue of
+/// [`fused_sample`] apply). The producer ([`ws_produce`], one tile a step)
+/// fills the ring in step order; while one group stages its tile beside the
+/// ring and runs the epilogue (two roles a thread), the other's `wgmma`
+/// consume the ring, so the LM head streams during every epilogue (the
+/// 128-row kernel of two tiles a step staged in the ring itself and
+/// stopped the producer for the epilogue). The staging passes from group
+/// to group in step order through two named barriers (the releasing group
+/// arrives, the next one syncs).
+///
+/// # Safety
+/// As [`fused_sample_ws`].
+#[cfg(target_feature = "sm_90a")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn fused_sample_pp<M: Mma, const NB: u32>(
+    hmap: u64,
+    wmap: u64,
+    bias: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    partial: *mut u64,
+    peer_partial: *const *mut u64,
+    p: FusedParams,
+) {
+    const T: u32 = FUSED_WS_CONSUMERS;
+    const { assert!(fused_ws(NB) && fused_ws_step_tiles(NB) == 1 && NB == 128) };
+    const { assert!(fused_ws_stage_bytes(NB) == (FUSED_BLOCK_V + NB) * ROW_BYTES) };
+    let tid = arch::thread_idx_x();
+    // As in fused_sample_ws.
+    let smem = arch::dynamic_shared::<Align1024>() as *mut u8;
+    let smem0 = arch::smem_addr(smem);
+    let bars = smem0 + fused_ws_barrier_offset(NB);
+    // SAFETY: every thread, first; one consumer group (8 warps) uses a
+    // stage.
+    unsafe { ws_init_barriers(bars, T / 2 / 32) };
+    let nk = p.dim.div_ceil(FUSED_BLOCK_K);
+    let b0 = arch::block_idx_x() * NB;
+    if tid >= T {
+        arch::setmaxnreg_dec::<FUSED_WS_PRODUCER_REGS>();
+        if tid == T {
+            let stage_bytes = fused_ws_stage_bytes(NB);
+            // SAFETY: the caller's contract; the barriers are initialised.
+            unsafe { ws_produce::<1>(hmap, wmap, smem0, stage_bytes, bars, nk, b0, &p) };
+        }
+        return;
+    }
+    arch::setmaxnreg_inc::<FUSED_WS_CONSUMER_REGS>();
+    let a = PpArgs {
+        smem,
+        bars,
+        nk,
+        b0,
+        bias,
+        temperature,
+        seed,
+        offset,
+        partial,
+        peer_partial,
+    };
+    // Group 0 hands the tensor cores over on named barrier 5 and the
+    // staging on 3, and takes them back on 6 and 4; group 1 the other way
+    // round.
+    // SAFETY: forwarded.
+    unsafe {
+        if tid < T / 2 {
+            pp_group::<M, NB, 0, 1, 3, 4, 5, 6>(&a, &p);
+        } else {
+            pp_group::<M, NB, 1, 2, 4, 3, 6, 5>(&a, &p);
+        }
+    }
+}
+
+/// What a consumer group of [`fused_sample_pp`] needs (the block's shared
+/// memory, barriers and the launch's pointers).
+#[cfg(target_feature = "sm_90a")]
+struct PpArgs {
+    smem: *mut u8,
+    bars: u32,
+    nk: u32,
+    b0: u32,
+    bias: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    partial: *mut u64,
+    peer_partial: *const *mut u64,
+}
+
+/// Consumer group `G` of [`fused_sample_pp`], per step of the block: its
+/// `wgmma` from the ring, begun once the other group's of the previous
+/// step are done (named barrier `MMA_TAKE`; released on `MMA_GIVE`), so
+/// that the groups take the ring in step order and no group waits on a
+/// stage's full barrier more than one phase ahead of it (a parity wait
+/// cannot tell further phases apart); then the staging, taken once the
+/// other group's epilogue of the previous step is done with it (`TAKE`;
+/// released on `GIVE`), the group's own named barrier `OWN`, and two roles
+/// a thread. A group releases only when the other group has a next step.
+///
+/// # Safety
+/// As [`fused_sample_ws`]; every thread of the group calls it.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+unsafe fn pp_group<
+    M: Mma,
+    const NB: u32,
+    const G: u32,
+    const OWN: u32,
+    const GIVE: u32,
+    const TAKE: u32,
+    const MMA_GIVE: u32,
+    const MMA_TAKE: u32,
+>(
+    a: &PpArgs,
+    p: &FusedParams,
+) {
+    const NT: usize = 16;
+    const GT: u32 = FUSED_WS_CONSUMERS / 2;
+    const { assert!(NB == 8 * NT as u32 && NB * SLOTS == 2 * GT) };
+    let at = arch::thread_idx_x() - G * GT;
+    let (warp, lane) = (at / 32, at % 32);
+    let stages = FUSED_WS_STAGES;
+    let stage_bytes = fused_ws_stage_bytes(NB);
+    let smem0 = arch::smem_addr(a.smem);
+    let (full, empty) = (|s: u32| a.bars + 8 * s, |s: u32| a.bars + 8 * (stages + s));
+    // SAFETY: the staging and this group's filter words (2 GT of them)
+    // lie in the dynamic shared memory (fused_ws_smem_bytes).
+    let (cs, filters) = unsafe {
+        (
+            a.smem.add(fused_ws_staging_offset(NB) as usize) as *mut f32,
+            (a.smem.add(fused_ws_filter_offset(NB) as usize) as *mut f32)
+                .add((2 * GT * G) as usize),
+        )
+    };
+    // SAFETY: this thread's two role words.
+    unsafe { init_filters(filters, at, 2, GT) };
+    let lo = p.vocab_offset;
+    let first_tile = lo / FUSED_BLOCK_V;
+    let bias_g = a.bias.wrapping_sub(lo as usize);
+    let ctas = arch::grid_dim_y();
+    // The block's step index n (its uses of the ring are n nk .. (n + 1) nk)
+    // and the step (tile) it is.
+    let mut n = G;
+    let mut step = arch::block_idx_y() + G * ctas;
+    while step < p.tiles {
+        let v0 = (first_tile + step) * FUSED_BLOCK_V;
+        // The other group's next step (step n + 1).
+        let hands_over = step + ctas < p.tiles;
+        if n > 0 {
+            arch::bar_sync_named::<MMA_TAKE, { FUSED_WS_CONSUMERS }>();
+        }
+        let mut acc = [[0.0f32; 4]; NT];
+        let mut kb = 0;
+        while kb < a.nk {
+            let u = n * a.nk + kb;
+            let s = u % stages;
+            // SAFETY: as in fused_sample_ws.
+            unsafe {
+                arch::mbarrier_wait_parity(full(s), (u / stages) & 1);
+                wgmma_tile::<M, NT>(smem0 + s * stage_bytes, &mut acc, warp);
+            }
+            if lane == 0 {
+                // SAFETY: an initialised barrier.
+                unsafe { arch::mbarrier_arrive(empty(s)) };
+            }
+            kb += 1;
+        }
+        if hands_over {
+            arch::bar_arrive_named::<MMA_GIVE, { FUSED_WS_CONSUMERS }>();
+        }
+        arch::wgmma_wait_all();
+        fence_acc(&mut acc);
+        // The staging, once the other group's epilogue of step n - 1 is
+        // done with it.
+        if n > 0 {
+            arch::bar_sync_named::<TAKE, { FUSED_WS_CONSUMERS }>();
+        }
+        // SAFETY: rows 0 .. 128 of the staging (rows of FUSED_BLOCK_V words).
+        unsafe { stage_tile::<NT, true>(warp, lane, &acc, cs, 0, v0, lo, bias_g, p) };
+        arch::bar_sync_named::<OWN, GT>();
+        let mut e = 0;
+        while e < 2 {
+            // SAFETY: the launch contract covers the reads; the role's
+            // staged row lies in the tile.
+            unsafe {
+                let mut role = Role::new(
+                    at,
+                    e,
+                    GT,
+                    NB,
+                    a.b0,
+                    p.batch,
+                    a.temperature,
+                    a.seed,
+                    a.offset,
+                    filters,
+                );
+                epilogue::<true>(&mut role, cs, v0, step, lo, a.partial, a.peer_partial, p);
+            }
+            e += 1;
+        }
+        // The other group takes the staging for step n + 1.
+        if hands_over {
+            arch::bar_arrive_named::<GIVE, { FUSED_WS_CONSUMERS }>();
+        }
+        n += 2;
+        step += 2 * ctas;
+    }
+}
+
+/// One `wgmma.m64nNk16` a k16 step of a k-block (`N = 8 NT`) for warp
+/// `warp` of a [`fused_sample_pp`] group: its warpgroup's 64 vocabulary
+/// rows (`warp / 4`) against the stage's batch rows, then waits for them.
+///
+/// # Safety
+/// As [`wgmma_stage`].
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+unsafe fn wgmma_tile<M: Mma, const NT: usize>(stage: u32, acc: &mut [[f32; 4]; NT], warp: u32) {
+    let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
+    let b0 = stage + FUSED_BLOCK_V * ROW_BYTES;
+    arch::wgmma_fence();
+    fence_acc(acc);
+    let (a, b) = (
+        arch::wgmma_desc_k_major_sw128(a0),
+        arch::wgmma_desc_k_major_sw128(b0),
+    );
+    unroll8!(FUSED_BLOCK_K as usize / 16, kk => {
+        let k = 32 * kk as u32;
+        // SAFETY: the caller's contract; warpgroup-uniform descriptors.
+        unsafe {
+            M::wgmma(
+                acc,
+                arch::wgmma_desc_offset(a, k),
+                arch::wgmma_desc_offset(b, k),
+            )
+        };
+    });
+    arch::wgmma_commit_wait::<0>();
 }
 
 /// One role's share of a tile's epilogue: its row's 32 tokens of slot
@@ -1427,12 +1612,13 @@ macro_rules! fused_entry {
 }
 
 /// The warp-specialised `fused_sample` entry point (sm_90a) for a batch
-/// tile of `$nb` rows (see [`fused_sample_ws`]): the hidden states and the
+/// tile of `$nb` rows, running `$kernel` ([`fused_sample_ws`] at 64 rows,
+/// [`fused_sample_pp`] at 128): the hidden states and the
 /// LM head come as tensor maps passed by value, which the copy engine reads
 /// in parameter space.
 #[cfg(target_feature = "sm_90a")]
 macro_rules! fused_ws_entry {
-    ($name:ident, $mma:ty, $nb:literal) => {
+    ($name:ident, $kernel:expr, $nb:literal) => {
         /// `fused_sample` (see the module docs), warp-specialised, for a
         #[doc = concat!("batch tile of ", stringify!($nb), " rows.")]
         ///
@@ -1463,7 +1649,7 @@ macro_rules! fused_ws_entry {
             };
             // SAFETY: forwarded launch contract.
             unsafe {
-                fused_sample_ws::<$mma, $nb, { $nb / 16 }>(
+                $kernel(
                     arch::cvta_param(h),
                     arch::cvta_param(w),
                     bias,
@@ -1492,13 +1678,13 @@ fused_entry!(fused_sample_f16_b64, F16, 64);
 #[cfg(not(target_feature = "sm_90a"))]
 fused_entry!(fused_sample_f16_b128, F16, 128);
 #[cfg(target_feature = "sm_90a")]
-fused_ws_entry!(fused_sample_bf16_b64, Bf16, 64);
+fused_ws_entry!(fused_sample_bf16_b64, fused_sample_ws::<Bf16, 64, 4>, 64);
 #[cfg(target_feature = "sm_90a")]
-fused_ws_entry!(fused_sample_bf16_b128, Bf16, 128);
+fused_ws_entry!(fused_sample_bf16_b128, fused_sample_pp::<Bf16, 128>, 128);
 #[cfg(target_feature = "sm_90a")]
-fused_ws_entry!(fused_sample_f16_b64, F16, 64);
+fused_ws_entry!(fused_sample_f16_b64, fused_sample_ws::<F16, 64, 4>, 64);
 #[cfg(target_feature = "sm_90a")]
-fused_ws_entry!(fused_sample_f16_b128, F16, 128);
+fused_ws_entry!(fused_sample_f16_b128, fused_sample_pp::<F16, 128>, 128);
 
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy

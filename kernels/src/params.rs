@@ -163,11 +163,12 @@ pub const fn fused_stage_bytes(block_b: u32) -> u32 {
 /// Pipeline stages of the warp-specialised fused kernels (sm_90a, batch
 /// tiles of 64 and 128 rows): a producer warp keeps every stage the
 /// consumers have released loading through the bulk copy engine, during
-/// the epilogue too, so that up to four k-blocks of the LM head (128 KiB at
-/// two 128-row tiles a step) are in flight a multiprocessor.
+/// the epilogue too (both kernels stage their logits beside the ring).
 pub const FUSED_WS_STAGES: u32 = 4;
-/// Consumer threads of the warp-specialised fused kernels: the 16 warps of
-/// the two-tiles-a-step layout (four warpgroups issuing `wgmma`).
+/// Consumer threads of the warp-specialised fused kernels: 16 warps (four
+/// warpgroups issuing `wgmma`): at 64 rows one group over two tiles a step,
+/// at 128 rows two groups of eight warps taking turns (see
+/// [`fused_ws_step_tiles`]).
 pub const FUSED_WS_CONSUMERS: u32 = 512;
 /// Threads of the warp-specialised fused kernels: the consumers and a
 /// producer warpgroup (registers move between warpgroups, `setmaxnreg`;
@@ -180,75 +181,82 @@ pub const FUSED_WS_THREADS: u32 = FUSED_WS_CONSUMERS + 128;
 pub const FUSED_WS_PRODUCER_REGS: u32 = 24;
 /// Registers a consumer thread takes.
 pub const FUSED_WS_CONSUMER_REGS: u32 = 112;
-/// Batch rows of the warp-specialised epilogue's own staging (beside the
-/// ring, so that the producer keeps loading during the epilogue): the
-/// 64-row tile's, both of its tiles at once.
-pub const FUSED_WS_STAGING_ROWS: u32 = 64;
 
 /// Whether `fused_sample_*_b{block_b}` is warp-specialised on sm_90a
-/// (two tiles a step: batch tiles of 64 and 128 rows).
+/// (batch tiles of 64 and 128 rows).
 pub const fn fused_ws(block_b: u32) -> bool {
     fused_mtiles(block_b) == 2
 }
 
-/// Whether the warp-specialised `fused_sample_*_b{block_b}` stages its
-/// logits in the ring (128 rows: both tiles' 135 KiB of logits leave the
-/// accumulators before the epilogue, and the ring has no room beside a
-/// staging tile that large; the producer waits for the epilogue) rather
-/// than in a staging tile of its own (64 rows).
-pub const fn fused_ws_ring_staging(block_b: u32) -> bool {
-    block_b > FUSED_WS_STAGING_ROWS
+/// Vocabulary tiles a step of the warp-specialised
+/// `fused_sample_*_b{block_b}` (sm_90a): two at 64 rows (all 16 consumer
+/// warps on one step, both tiles staged at once beside the ring); one at
+/// 128 rows, where two groups of eight warps take turns (ping-pong): one
+/// group's epilogue runs while the other's `wgmma` consume the ring, so
+/// the LM head keeps streaming (one group's 128 x 128 accumulators are 64
+/// registers a thread, as two tiles' of 64 rows are).
+pub const fn fused_ws_step_tiles(block_b: u32) -> u32 {
+    if block_b > 64 { 1 } else { 2 }
 }
 
-/// Dynamic shared memory of the warp-specialised `fused_sample_*_b{block_b}`
-/// (sm_90a; its base is 1024-byte aligned): the stages, the staging of both
-/// tiles unless the logits are staged in the ring, a full and an empty
-/// `mbarrier` a stage and the epilogue's, and the roles' filter words.
-pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
-    fused_ws_filter_offset(block_b) + FUSED_FILTER_BYTES
-}
-
-/// Byte offset (from the aligned stages) of the `mbarrier`s of the
-/// warp-specialised `fused_sample_*_b{block_b}`.
-pub const fn fused_ws_barrier_offset(block_b: u32) -> u32 {
-    let ring = FUSED_WS_STAGES * fused_stage_bytes(block_b);
-    let staged = fused_ws_staging_offset(block_b)
-        + if fused_ws_ring_staging(block_b) {
-            2 * fused_staging_bytes(block_b)
-        } else {
-            // Both tiles' logits of the 64-row tile, in rows of
-            // FUSED_BLOCK_V words (swizzled, unpadded).
-            2 * FUSED_WS_STAGING_ROWS * FUSED_BLOCK_V * 4
-        };
-    if ring > staged { ring } else { staged }
+/// Bytes of one ring stage of the warp-specialised
+/// `fused_sample_*_b{block_b}`: a k-block of the step's LM-head rows, then
+/// of the batch tile's hidden-state rows (128-byte rows, swizzled).
+pub const fn fused_ws_stage_bytes(block_b: u32) -> u32 {
+    (FUSED_BLOCK_V * fused_ws_step_tiles(block_b) + block_b) * FUSED_BLOCK_K * 2
 }
 
 /// Byte offset (from the aligned stages) of the logits staging of the
-/// warp-specialised `fused_sample_*_b{block_b}`: the ring itself for 128
-/// rows, after it for 64.
+/// warp-specialised `fused_sample_*_b{block_b}`: after the ring.
 pub const fn fused_ws_staging_offset(block_b: u32) -> u32 {
-    if fused_ws_ring_staging(block_b) {
-        0
-    } else {
-        FUSED_WS_STAGES * fused_stage_bytes(block_b)
-    }
+    FUSED_WS_STAGES * fused_ws_stage_bytes(block_b)
+}
+
+/// Bytes of the logits staging of the warp-specialised
+/// `fused_sample_*_b{block_b}`: a step's tiles, rows of [`FUSED_BLOCK_V`]
+/// words (swizzled, unpadded).
+pub const fn fused_ws_staging_bytes(block_b: u32) -> u32 {
+    fused_ws_step_tiles(block_b) * block_b * FUSED_BLOCK_V * 4
+}
+
+/// Byte offset (from the aligned stages) of the `mbarrier`s of the
+/// warp-specialised `fused_sample_*_b{block_b}`: a full and an empty one a
+/// stage.
+pub const fn fused_ws_barrier_offset(block_b: u32) -> u32 {
+    fused_ws_staging_offset(block_b) + fused_ws_staging_bytes(block_b)
 }
 
 /// Byte offset (from the aligned stages) of the roles' filter words of the
 /// warp-specialised `fused_sample_*_b{block_b}`.
 pub const fn fused_ws_filter_offset(block_b: u32) -> u32 {
-    fused_ws_barrier_offset(block_b) + 16 * FUSED_WS_STAGES + 8
+    fused_ws_barrier_offset(block_b) + 16 * FUSED_WS_STAGES
 }
-const _: () = assert!(2 * fused_staging_bytes(128) <= FUSED_WS_STAGES * fused_stage_bytes(128));
+
+/// Bytes of the roles' filter words of the warp-specialised
+/// `fused_sample_*_b{block_b}`: one f32 a role, `block_b * 4` roles (four
+/// slots a row) for each of two tiles (64 rows: the step's two tiles; 128
+/// rows: the two consumer groups' tiles), 512 in all at 64 rows, 1024 at
+/// 128.
+pub const fn fused_ws_filter_bytes(block_b: u32) -> u32 {
+    4 * 2 * 4 * block_b
+}
+
+/// Dynamic shared memory of the warp-specialised `fused_sample_*_b{block_b}`
+/// (sm_90a; its base is 1024-byte aligned): the ring, the staging, the
+/// barriers and the roles' filter words.
+pub const fn fused_ws_smem_bytes(block_b: u32) -> u32 {
+    fused_ws_filter_offset(block_b) + fused_ws_filter_bytes(block_b)
+}
 // The warp-specialised kernels' layout: every stage starts 1024-byte
 // aligned (the 128-byte swizzle of the copies and descriptors) and the
 // barriers after the ring and staging 8-byte aligned.
-const _: () = assert!(fused_stage_bytes(64).is_multiple_of(1024));
-const _: () = assert!(fused_stage_bytes(128).is_multiple_of(1024));
+const _: () = assert!(fused_ws_stage_bytes(64).is_multiple_of(1024));
+const _: () = assert!(fused_ws_stage_bytes(128).is_multiple_of(1024));
 const _: () = assert!(fused_ws_barrier_offset(64).is_multiple_of(8));
 const _: () = assert!(fused_ws_barrier_offset(128).is_multiple_of(8));
 const _: () = assert!(fused_ws_smem_bytes(64) <= 227 * 1024);
 const _: () = assert!(fused_ws_smem_bytes(128) <= 227 * 1024);
+const _: () = assert!(fused_ws_filter_bytes(64) == FUSED_FILTER_BYTES);
 
 /// A CUDA tensor map (`CUtensorMap`: 128 opaque bytes) passed by value to
 /// the warp-specialised fused kernels, whose copy engine reads it in
