@@ -487,6 +487,177 @@ pub const fn radix_smem_bytes(cache_slots: u32) -> u32 {
     RADIX_FIXED_SMEM + 4 * cache_slots
 }
 
+// ---------------------------------------------------------------------------
+// The filter route: one CTA per row, one streaming pass, a running threshold.
+// ---------------------------------------------------------------------------
+
+/// 16-byte vectors each thread of the filter kernel loads per round.
+pub const FILTER_ROUND_VECS: u32 = 4;
+/// 16-byte groups (four elements) of the row one filter round covers.
+pub const FILTER_ROUND_GROUPS: u32 = FILTER_ROUND_VECS * RADIX_THREADS;
+/// Keys one filter round can push: every element of the round.
+pub const FILTER_ROUND_KEYS: u32 = 4 * FILTER_ROUND_GROUPS;
+/// Smallest candidate buffer (keys) of the filter kernel: a compaction
+/// leaves at most [`GATHER_CAP`] keys, and a round must fit after it.
+pub const FILTER_MIN_CAP: u32 = GATHER_CAP + FILTER_ROUND_KEYS;
+/// Largest candidate buffer the host asks for (128 KiB of keys): twice a
+/// round, so that the first compaction (after the first round) is the only
+/// one a row in random order needs.
+pub const FILTER_MAX_CAP: u32 = 2 * FILTER_ROUND_KEYS;
+/// Dynamic shared memory of a filter CTA before its candidate buffer: the
+/// radix layout without the cluster slice (the buffer starts where the
+/// slice would).
+pub const FILTER_FIXED_SMEM: u32 = RADIX_FIXED_SMEM - RADIX_SLICE_BYTES;
+
+/// Dynamic shared memory of a filter CTA with a buffer of `cap` keys.
+pub const fn filter_smem_bytes(cap: u32) -> u32 {
+    FILTER_FIXED_SMEM + 8 * cap
+}
+
+/// Whether the filter kernel compacts its candidate buffer after round
+/// `round` (of `rounds`), holding `count` keys in a buffer of `cap`
+/// (`compacted`: whether it compacted before in this row): when the next
+/// round might not fit (`count > cap - FILTER_ROUND_KEYS`), and once early,
+/// as soon as more than [`GATHER_CAP`] keys were seen, so that the
+/// threshold becomes selective after the first round. Never after the last
+/// round (the final select follows).
+#[inline(always)]
+pub fn filter_compacts(round: u32, rounds: u32, count: u32, cap: u32, compacted: bool) -> bool {
+    round + 1 < rounds
+        && (count > cap.saturating_sub(FILTER_ROUND_KEYS) || (!compacted && count > GATHER_CAP))
+}
+
+/// Whether the filter kernel pushes the element at `index` with bit
+/// pattern `raw` (as stored) against its running threshold `t`. While `t`
+/// has no value bits, exactly when its key is `>= t`; after, when its
+/// clean bits are at least `t`'s (`raw` in `[t >> 32, f32::MAX]`, two
+/// integer operations): every key `>= t`, and the keys of equal value
+/// bits below it, which is harmless (the buffer keeps every key `>= t` it
+/// saw, and only keys of the row). Bad values and zeros never pass then.
+#[inline(always)]
+pub fn filter_pushes(raw: u32, index: u32, t: u64) -> bool {
+    let t_bits = composite_bits(t);
+    if t_bits == 0 {
+        composite(prob_bits(f32::from_bits(raw)), index) >= t
+    } else {
+        // Clean bits of at most f32::MAX: `t_bits <= 0x7f7f_ffff`.
+        raw.wrapping_sub(t_bits) <= 0x7f7f_ffffu32.wrapping_sub(t_bits)
+    }
+}
+
+/// What [`filter_select`] found.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FilterStats {
+    /// The sorted slab: `slab_len(top_k, V)` composite keys.
+    pub slab: Vec<u64>,
+    /// Compactions during the streaming pass.
+    pub compactions: u32,
+    /// Radix passes over the buffer, compactions and final select.
+    pub passes: u32,
+    /// Keys pushed into the buffer over the row.
+    pub pushed: u32,
+    /// Most keys the buffer held (at most its capacity when `cap >=
+    /// FILTER_MIN_CAP`).
+    pub peak: u32,
+    /// Most keys a compaction kept (at most [`GATHER_CAP`]).
+    pub max_kept: u32,
+    /// Keys gathered for the sort.
+    pub gathered: u32,
+}
+
+/// The filter kernel's stage 1 run on the CPU: the row streamed in rounds
+/// of [`FILTER_ROUND_GROUPS`] 16-byte groups (the row starting `misalign`
+/// elements past a 16-byte boundary, as the kernel's groups do), the keys
+/// [`filter_pushes`] passes pushed into a buffer of `cap` keys,
+/// compactions where [`filter_compacts`] says (the radix select of
+/// [`RadixSelect`] over the buffer; the threshold rises to its result and
+/// the buffer keeps the keys at or above it), the final select, the gather
+/// and the sort. Its slab equals
+/// [`select_slab`]'s; the statistics say what the kernel does on a row.
+/// `cap` is at least [`FILTER_MIN_CAP`] (the host's guarantee; below it the
+/// emulation still runs, and `peak` says by how much the kernel's buffer
+/// would overflow).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> FilterStats {
+    let vocab = row.len().min(crate::sample::MAX_VOCAB as usize) as u32;
+    let misalign = misalign % 4;
+    let key = |j: u32| composite(prob_bits(row[j as usize]), j);
+    let k = slab_len(top_k, vocab);
+    let groups = (misalign + vocab).div_ceil(4);
+    let rounds = groups.div_ceil(FILTER_ROUND_GROUPS);
+    let mut buf: Vec<u64> = Vec::new();
+    let mut stats = FilterStats {
+        slab: Vec::new(),
+        compactions: 0,
+        passes: 0,
+        pushed: 0,
+        peak: 0,
+        max_kept: 0,
+        gathered: 0,
+    };
+    // The radix select over the buffer: its threshold (at most GATHER_CAP
+    // keys of the buffer at or above it).
+    let narrow = |buf: &[u64], passes: &mut u32| -> u64 {
+        let mut sel = RadixSelect::new(k);
+        loop {
+            let mut hist = [0u32; BUCKETS as usize];
+            for &x in buf {
+                if let Some(d) = sel.digit(x) {
+                    hist[d as usize] += 1;
+                }
+            }
+            *passes += 1;
+            let mut above = 0u32;
+            let mut crossing = Crossing {
+                digit: 0,
+                above: 0,
+                count: 0,
+            };
+            for g in (0..BUCKETS / 4).rev() {
+                let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
+                if let Some(x) = crossing_in_group(c, g, above, sel.need()) {
+                    crossing = x;
+                    break;
+                }
+                above += c.iter().sum::<u32>();
+            }
+            if let Some(t) = sel.advance(crossing) {
+                break t;
+            }
+        }
+    };
+    let mut t = 0u64;
+    let mut compacted = false;
+    for r in 0..rounds {
+        // Slots of the round: slot s is element s - misalign.
+        let first = r * FILTER_ROUND_GROUPS * 4;
+        let last = ((r + 1) * FILTER_ROUND_GROUPS * 4).min(misalign + vocab);
+        for s in first.max(misalign)..last {
+            let j = s - misalign;
+            if filter_pushes(row[j as usize].to_bits(), j, t) {
+                buf.push(key(j));
+                stats.pushed += 1;
+            }
+        }
+        stats.peak = stats.peak.max(buf.len() as u32);
+        if filter_compacts(r, rounds, buf.len() as u32, cap, compacted) {
+            t = narrow(&buf, &mut stats.passes).max(t);
+            buf.retain(|&x| x >= t);
+            stats.max_kept = stats.max_kept.max(buf.len() as u32);
+            stats.compactions += 1;
+            compacted = true;
+        }
+    }
+    let threshold = narrow(&buf, &mut stats.passes).max(t);
+    buf.retain(|&x| x >= threshold);
+    stats.gathered = buf.len() as u32;
+    buf.sort_unstable_by(|a, b| b.cmp(a));
+    buf.truncate(k as usize);
+    stats.slab = buf;
+    stats
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -644,6 +815,102 @@ mod tests {
         // fifth (index bits 18..8; the fourth, index bits 29..19, only
         // splits vocabularies above 2^19).
         assert!([1, 2, 3, 5].iter().all(|&p| passes[p] > 0), "{passes:?}");
+    }
+
+    #[test]
+    fn filter_select_matches_sorting() {
+        let mut rng = Lcg(17);
+        let mut compactions = 0;
+        for case in 0..240 {
+            let vocab = [1usize, 3, 111, 2049, 8193, 20_000, 40_000][case % 7];
+            let kind = rng.below(6);
+            let mut r = row(&mut rng, kind.min(3), vocab);
+            // Adversarial orders: ascending (every round beats the
+            // threshold) and descending.
+            match kind {
+                4 => r.sort_by_key(|a| prob_bits(*a)),
+                5 => r.sort_by_key(|a| core::cmp::Reverse(prob_bits(*a))),
+                _ => {}
+            }
+            for top_k in [1, 10, 50, 1000, 1024, vocab as u32] {
+                for cap in [FILTER_MIN_CAP, FILTER_MAX_CAP] {
+                    let misalign = rng.below(4);
+                    let f = filter_select(&r, top_k, cap, misalign);
+                    assert_eq!(
+                        f.slab,
+                        sorted_top(&r, top_k),
+                        "V={vocab} kind {kind} k={top_k} cap {cap} misalign {misalign}"
+                    );
+                    assert!(f.peak <= cap, "V={vocab} kind {kind}: peak {}", f.peak);
+                    assert!(f.max_kept <= GATHER_CAP && f.gathered <= GATHER_CAP);
+                    assert!(f.gathered as usize >= f.slab.len());
+                    compactions += f.compactions;
+                }
+            }
+        }
+        assert!(compactions > 0);
+    }
+
+    #[test]
+    fn filter_compacts_once_on_rows_in_random_order() {
+        // V = 128256, k = 50, values in random order: one compaction after
+        // the first round, then a selective threshold.
+        let mut rng = Lcg(23);
+        // (kind, most pushes after the first round in 1000 of the rest):
+        // values over many octaves, and a narrow band of 4096 values.
+        for (kind, per_mille) in [(0, 10), (3, 50)] {
+            let r = row(&mut rng, kind, 128_256);
+            let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+            assert_eq!(f.slab, sorted_top(&r, 50));
+            std::println!(
+                "kind {kind}: compactions {}, passes {}, pushed {}, peak {}, gathered {}",
+                f.compactions,
+                f.passes,
+                f.pushed,
+                f.peak,
+                f.gathered
+            );
+            assert_eq!(f.compactions, 1);
+            let later = f.pushed - FILTER_ROUND_KEYS;
+            assert!(
+                later * 1000 < per_mille * (128_256 - FILTER_ROUND_KEYS),
+                "{later}"
+            );
+        }
+        // Ascending: a compaction after every round but the last.
+        let mut r = row(&mut rng, 0, 128_256);
+        r.sort_by_key(|a| prob_bits(*a));
+        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+        assert_eq!(f.slab, sorted_top(&r, 50));
+        assert_eq!(f.compactions, 128_256u32.div_ceil(FILTER_ROUND_KEYS) - 1);
+        assert!(!filter_compacts(
+            0,
+            1,
+            FILTER_MAX_CAP,
+            FILTER_MAX_CAP,
+            false
+        ));
+        assert!(filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, false));
+        assert!(!filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, true));
+        assert!(filter_compacts(
+            3,
+            9,
+            FILTER_MAX_CAP - FILTER_ROUND_KEYS + 1,
+            FILTER_MAX_CAP,
+            true
+        ));
+        // The push test: exact without value bits in the threshold, by
+        // value bits (ties included) with them; bad values never.
+        let t0 = composite(0, 10);
+        assert!(filter_pushes(0, 10, t0) && !filter_pushes(0, 11, t0));
+        assert!(filter_pushes(f32::NAN.to_bits(), 3, t0));
+        let t = composite(0.5f32.to_bits(), 10);
+        assert!(filter_pushes(0.5f32.to_bits(), 11, t));
+        assert!(filter_pushes(f32::MAX.to_bits(), 11, t));
+        assert!(!filter_pushes(0.25f32.to_bits(), 0, t));
+        for bad in [f32::NAN, f32::INFINITY, -1.0, -0.0, 0.0] {
+            assert!(!filter_pushes(bad.to_bits(), 0, t), "{bad}");
+        }
     }
 
     #[test]
