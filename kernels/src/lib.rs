@@ -75,6 +75,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_sample_f32",
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",
+    "radix_topk_filter_f32",
     "radix_probs_to_logits_f32",
 ];
 
@@ -168,6 +169,14 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "topk_topp_filter_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    // One filter CTA per SM (its candidate buffer): ptxas may use up to 128
+    // registers, for two rounds of loads in flight.
+    LaunchBounds {
+        kernel: "radix_topk_filter_f32",
+        max_threads: radix_select::RADIX_THREADS,
+        min_blocks_per_sm: 1,
         modules: Modules::All,
     },
     LaunchBounds {

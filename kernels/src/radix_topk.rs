@@ -21,6 +21,14 @@
 //!   through global memory and a per-row grid barrier (the multi-CTA
 //!   fallback of GPUs without clusters, runnable on every GPU).
 //!
+//! A third kernel, [`radix_topk_filter_f32`] (the large-batch route), runs
+//! one CTA per row with no chunk cache: it streams the row once, pushes
+//! every key at or above a running threshold into a candidate buffer in
+//! shared memory and raises the threshold by a radix select over the
+//! buffer whenever the buffer fills (and once after the first round); a
+//! last select over the buffer gathers the top keys, and the sort, the
+//! slab and stage 2 are the other kernels' (see `filter_rows`).
+//!
 //! Every exchange and every sum is exact (integer counts, integer masses),
 //! so the slab and the token of a row do not depend on the number of CTAs,
 //! the exchange or the batch.
@@ -31,7 +39,11 @@
 //! dynamic shared memory [`radix_smem_bytes`]`(args.cache_slots)`, with
 //! `args.cache_slots` a multiple of 4. The cluster kernel: cluster
 //! `(ctas, 1, 1)` on sm_90 (no cluster, `ctas = 1`, elsewhere). The
-//! cooperative kernel: a cooperative launch (all CTAs resident).
+//! cooperative kernel: a cooperative launch (all CTAs resident). The
+//! filter kernel: grid `(1, rows_in_flight)`, `args.chunk >= vocab`,
+//! `args.cache_slots` the candidate buffer's capacity in keys (at least
+//! [`FILTER_MIN_CAP`]) and dynamic shared memory
+//! [`filter_smem_bytes`]`(args.cache_slots)`.
 //!
 //! # Safety (caller)
 //! `probs` holds `batch` rows `row_stride` elements apart with `vocab`
@@ -42,16 +54,21 @@
 //! holds, per grid row `y`, `2 * ctas * BUCKETS` histogram words,
 //! `GATHER_CAP` gather words, a gather count that is 0 before the launch
 //! (every launch leaves it 0) and a barrier word; no other thread of the
-//! device writes any of these during the launch.
+//! device writes any of these during the launch. The filter kernel reads
+//! no workspace.
+//!
+//! [`FILTER_MIN_CAP`]: crate::radix_select::FILTER_MIN_CAP
+//! [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 
 use crate::arch;
 use crate::noise;
 use crate::philox;
 use crate::radix_select::{
-    BUCKETS, Crossing, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS,
-    RadixArgs, RadixSelect, SLAB, before_draw, bitonic_pair, composite, composite_bits,
-    composite_index, crossing_in_group, draw_target, first_digit, fixed_mass, prob_bits,
-    prob_logit, slab_len, top_p_keeps, top_p_threshold,
+    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS, GATHER_CAP,
+    MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, RadixSelect, SLAB,
+    before_draw, bitonic_pair, composite, composite_bits, composite_index, crossing_in_group,
+    draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
+    slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -85,12 +102,20 @@ const CTL_ABOVE: usize = 1;
 const CTL_COUNT: usize = 2;
 const CTL_GATHERED: usize = 3;
 const CTL_MASS: usize = 4; // a u64 in words 4 and 5
-const CTL_WORDS: usize = 6;
+/// The filter kernel's three round counters (words 6, 7, 8).
+const CTL_FILL: usize = 6;
+const CTL_WORDS: usize = 9;
+// The filter kernel's candidate buffer takes the place of the slice (it
+// has no cluster).
+const CANDIDATES_OFF: usize = SLICE_OFF;
 
 const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= SLICE_OFF);
 const _: () = assert!(SLICE_TOTAL_OFF + 16 == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
 const _: () = assert!(CACHE_OFF.is_multiple_of(16) && GATHER_OFF.is_multiple_of(16));
 const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_multiple_of(8));
+const _: () = assert!(CANDIDATES_OFF == FILTER_FIXED_SMEM as usize);
+const _: () = assert!(CANDIDATES_OFF.is_multiple_of(16));
+const _: () = assert!(FILTER_ROUND_VECS == 4);
 
 /// The block's dynamic shared memory, by region.
 #[derive(Clone, Copy)]
@@ -148,6 +173,12 @@ impl Smem {
     #[inline(always)]
     fn cache(self) -> *mut Quad {
         self.region(CACHE_OFF)
+    }
+
+    /// The filter kernel's candidate buffer, after its fixed part.
+    #[inline(always)]
+    fn candidates(self) -> *mut u64 {
+        self.region(CANDIDATES_OFF)
     }
 }
 
@@ -268,11 +299,10 @@ unsafe fn zero_gather_count(rank: u32, smem: Smem) {
     }
 }
 
-/// One CTA per row: its own shared memory (GPUs without clusters).
-#[cfg(not(target_feature = "sm_90"))]
+/// One CTA per row: its own shared memory (the cluster kernel on GPUs
+/// without clusters, and the filter kernel everywhere).
 struct Solo;
 
-#[cfg(not(target_feature = "sm_90"))]
 impl Exchange for Solo {
     #[inline(always)]
     fn rank(&self) -> u32 {
@@ -579,22 +609,32 @@ impl Chunk {
     /// `g < groups`; the row is readable (the launch contract).
     #[inline(always)]
     unsafe fn load(&self, g: u32) -> [u32; 4] {
+        // SAFETY: forwarded.
+        let v = unsafe { self.load_raw(g) };
+        [
+            prob_bits(f32::from_bits(v[0])),
+            prob_bits(f32::from_bits(v[1])),
+            prob_bits(f32::from_bits(v[2])),
+            prob_bits(f32::from_bits(v[3])),
+        ]
+    }
+
+    /// The bit patterns of group `g` as stored (0 for slots outside the
+    /// chunk): one vector load inside, scalar loads at the chunk's ends.
+    ///
+    /// # Safety
+    /// `g < groups`; the row is readable (the launch contract).
+    #[inline(always)]
+    unsafe fn load_raw(&self, g: u32) -> [u32; 4] {
         let s = 4 * g;
         // SAFETY: every slot read lies in the chunk.
         unsafe {
             if s >= self.misalign && s + 4 <= self.end {
-                let v = arch::ld_global_nc_v4_u32(self.base.add(s as usize) as *const u32);
-                [
-                    prob_bits(f32::from_bits(v[0])),
-                    prob_bits(f32::from_bits(v[1])),
-                    prob_bits(f32::from_bits(v[2])),
-                    prob_bits(f32::from_bits(v[3])),
-                ]
+                arch::ld_global_nc_v4_u32(self.base.add(s as usize) as *const u32)
             } else {
                 let one = |e: u32| {
                     if self.valid(s + e) {
-                        let p = self.base.add((s + e) as usize) as *const u32;
-                        prob_bits(f32::from_bits(arch::ld_global_nc_u32(p)))
+                        arch::ld_global_nc_u32(self.base.add((s + e) as usize) as *const u32)
                     } else {
                         0
                     }
@@ -1218,6 +1258,408 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
     }
 }
 
+// ---------------------------------------------------------------------------
+// The filter route: one CTA per row, one streaming pass, a running threshold.
+// ---------------------------------------------------------------------------
+
+/// Elements of a thread's round (four 16-byte vectors).
+const ROUND_ELEMS: usize = 4 * FILTER_ROUND_VECS as usize;
+
+/// Runs `$body` for `$i` = 0 to 15 ([`ROUND_ELEMS`]), written out: constant
+/// indices keep a round's elements in registers (a loop, unrolled by LLVM
+/// only in part, put them in local memory).
+macro_rules! each_elem {
+    ($i:ident, $body:block) => {{
+        let $i: usize = 0;
+        $body
+    }
+    {
+        let $i: usize = 1;
+        $body
+    }
+    {
+        let $i: usize = 2;
+        $body
+    }
+    {
+        let $i: usize = 3;
+        $body
+    }
+    {
+        let $i: usize = 4;
+        $body
+    }
+    {
+        let $i: usize = 5;
+        $body
+    }
+    {
+        let $i: usize = 6;
+        $body
+    }
+    {
+        let $i: usize = 7;
+        $body
+    }
+    {
+        let $i: usize = 8;
+        $body
+    }
+    {
+        let $i: usize = 9;
+        $body
+    }
+    {
+        let $i: usize = 10;
+        $body
+    }
+    {
+        let $i: usize = 11;
+        $body
+    }
+    {
+        let $i: usize = 12;
+        $body
+    }
+    {
+        let $i: usize = 13;
+        $body
+    }
+    {
+        let $i: usize = 14;
+        $body
+    }
+    {
+        let $i: usize = 15;
+        $body
+    }};
+}
+const _: () = assert!(ROUND_ELEMS == 16);
+
+/// This thread's bit patterns of filter round `r`: element `4 j + e` is
+/// slot `e` of group `r FILTER_ROUND_GROUPS + tid + j THREADS` (0 for slots
+/// outside the row).
+///
+/// # Safety
+/// The launch contract (the row is readable).
+#[inline(always)]
+unsafe fn filter_load(chunk: &Chunk, r: u32) -> [u32; ROUND_ELEMS] {
+    let g = r * FILTER_ROUND_GROUPS + arch::thread_idx_x();
+    // SAFETY: groups below `groups` only.
+    let load = |g: u32| unsafe {
+        if g < chunk.groups {
+            chunk.load_raw(g)
+        } else {
+            [0; 4]
+        }
+    };
+    let (a, b, c, d) = (
+        load(g),
+        load(g + THREADS),
+        load(g + 2 * THREADS),
+        load(g + 3 * THREADS),
+    );
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
+    ]
+}
+
+/// The slot of this thread's element `i` of round `r`.
+#[inline(always)]
+fn filter_slot(r: u32, i: usize) -> u32 {
+    let g = r * FILTER_ROUND_GROUPS + arch::thread_idx_x() + (i as u32 / 4) * THREADS;
+    4 * g + i as u32 % 4
+}
+
+/// The inclusive prefix sum of `v` over the lanes of the warp.
+#[inline(always)]
+fn warp_inclusive_sum(v: u32) -> u32 {
+    let lane = arch::thread_idx_x() % 32;
+    let mut inc = v;
+    let mut d = 1;
+    while d < 32 {
+        let up = arch::shfl_up_u32(inc, d);
+        if lane >= d {
+            inc += up;
+        }
+        d <<= 1;
+    }
+    inc
+}
+
+/// Reserves `total` (lane 0's value) positions of this round through the
+/// round's counter word at shared address `fill`; every lane returns the
+/// first.
+///
+/// # Safety
+/// Every lane of the warp calls it; `fill` is a control word of the block.
+#[inline(always)]
+unsafe fn filter_reserve(fill: u32, total: u32) -> u32 {
+    let mut base = 0;
+    if arch::thread_idx_x() % 32 == 0 {
+        // SAFETY: the caller's contract.
+        base = unsafe { arch::atom_shared_add_u32(fill, total) };
+    }
+    arch::shfl_idx_u32(base, 0)
+}
+
+/// Pushes this thread's keys of round `r` (`v`) that are `>= t` to the
+/// candidate buffer, after its first `at` keys (below `cap`).
+///
+/// The test is [`filter_pushes`]. While `t` has no value bits (the first
+/// round, and rows whose k-th key has no mass) it compares exact keys, and
+/// each element's keys take consecutive positions across the warp (one
+/// ballot each: the first round pushes every element, and this layout has
+/// no bank conflicts). Later it is two integer operations on the bit
+/// pattern; a warp whose lanes have no candidate (most of them, once `t`
+/// is selective) skips the rest, the others reserve their positions by a
+/// warp scan.
+///
+/// # Safety
+/// Every thread of the block calls it with the same `r`, `t`, `at`, `cap`
+/// and `fill` (a control word); `at <= cap`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn filter_push(
+    chunk: &Chunk,
+    smem: Smem,
+    r: u32,
+    v: &[u32; ROUND_ELEMS],
+    t: u64,
+    at: u32,
+    cap: u32,
+    fill: u32,
+) {
+    let lane = arch::thread_idx_x() % 32;
+    let lower = (1u32 << lane) - 1;
+    let buf = smem.candidates();
+    let key = |i: usize| {
+        composite(
+            prob_bits(f32::from_bits(v[i])),
+            chunk.first.wrapping_add(filter_slot(r, i)),
+        )
+    };
+    let mut mask = 0u32;
+    // SAFETY: positions below `cap`, inside the buffer (the launch
+    // contract); the counter word is the caller's.
+    unsafe {
+        if composite_bits(t) == 0 {
+            each_elem!(i, {
+                let slot = filter_slot(r, i);
+                if chunk.valid(slot) && filter_pushes(v[i], chunk.first.wrapping_add(slot), t) {
+                    mask |= 1 << i;
+                }
+            });
+            if arch::ballot(mask != 0) == 0 {
+                return;
+            }
+            let mut total = 0;
+            each_elem!(i, {
+                total += arch::ballot(mask & (1 << i) != 0).count_ones();
+            });
+            let mut pos = at + filter_reserve(fill, total);
+            each_elem!(i, {
+                let bit = mask & (1 << i) != 0;
+                let m = arch::ballot(bit);
+                let p = pos + (m & lower).count_ones();
+                if bit && p < cap {
+                    *buf.add(p as usize) = key(i);
+                }
+                pos += m.count_ones();
+            });
+        } else {
+            // Slots outside the row hold 0, which fails.
+            each_elem!(i, {
+                if filter_pushes(v[i], 0, t) {
+                    mask |= 1 << i;
+                }
+            });
+            if arch::ballot(mask != 0) == 0 {
+                return;
+            }
+            let n = mask.count_ones();
+            let inc = warp_inclusive_sum(n);
+            let base = filter_reserve(fill, arch::shfl_idx_u32(inc, 31));
+            let mut p = at + base + inc - n;
+            each_elem!(i, {
+                if mask & (1 << i) != 0 {
+                    if p < cap {
+                        *buf.add(p as usize) = key(i);
+                    }
+                    p += 1;
+                }
+            });
+        }
+    }
+}
+
+/// The radix select of the top `k` over the first `n` candidates (all
+/// passes of [`RadixSelect`], each a histogram of the candidates still in
+/// range and the block's crossing), then the candidates `>= max(its
+/// threshold, floor)` gathered into the gather buffer (at most
+/// [`GATHER_CAP`]: the select's guarantee). Returns that threshold and the
+/// keys gathered.
+///
+/// # Safety
+/// Every thread of the block calls it with the same arguments; `n` is at
+/// most the buffer's capacity and at least `k` of its keys are `>=
+/// floor`; the gather count word and the histograms are free (no thread
+/// reads them before the call).
+#[inline(always)]
+unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32) -> (u64, u32) {
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let buf = smem.candidates();
+    // SAFETY: buffer positions below `n`, gather positions below
+    // GATHER_CAP; the count word is zeroed before the first pass's
+    // barrier, read after the last barrier.
+    unsafe {
+        if tid == 0 {
+            core::ptr::write_volatile(smem.ctl(CTL_GATHERED), 0);
+        }
+        let mut sel = RadixSelect::new(k);
+        let threshold = loop {
+            clear_hist(smem, *parity);
+            let mut counter = RunCounter::new(smem.hist(*parity));
+            let mut i = tid;
+            while i < n {
+                if let Some(d) = sel.digit(*buf.add(i as usize)) {
+                    counter.add(d);
+                }
+                i += THREADS;
+            }
+            counter.flush();
+            Solo.share(smem, *parity);
+            let crossing = find_crossing(&Solo, smem, *parity, sel.need());
+            *parity ^= 1;
+            if let Some(t) = sel.advance(crossing) {
+                break t.max(floor);
+            }
+        };
+        let count = arch::smem_addr(smem.ctl(CTL_GATHERED));
+        let rounds = n.div_ceil(THREADS);
+        let mut i = tid;
+        let mut r = 0;
+        while r < rounds {
+            let key = if i < n { *buf.add(i as usize) } else { 0 };
+            let keep = i < n && key >= threshold;
+            let m = arch::ballot(keep);
+            if m != 0 {
+                let mut base = 0;
+                if lane == 0 {
+                    base = arch::atom_shared_add_u32(count, m.count_ones());
+                }
+                let pos = arch::shfl_idx_u32(base, 0) + (m & ((1u32 << lane) - 1)).count_ones();
+                if keep && pos < GATHER_CAP {
+                    *smem.gather().add(pos as usize) = key;
+                }
+            }
+            i += THREADS;
+            r += 1;
+        }
+        arch::bar_sync();
+        let kept = core::ptr::read_volatile(smem.ctl(CTL_GATHERED)).min(GATHER_CAP);
+        (threshold, kept)
+    }
+}
+
+/// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`, one CTA
+/// per row: the row streamed once in rounds of [`FILTER_ROUND_VECS`]
+/// vectors per thread (the next round's loads issued before the current
+/// round is filtered), every key at or above the running threshold `t`
+/// pushed into the candidate buffer (`args.cache_slots` keys). When
+/// [`filter_compacts`] says (the buffer could overflow in the next round,
+/// or once after the first round), a radix select over the buffer finds
+/// the threshold at which its keys fit [`GATHER_CAP`], `t` rises to it and
+/// the buffer keeps only the keys at or above it. Every key `>= t` ever
+/// seen stays in the buffer and at least `k` keys of the row are `>= t`
+/// (`t` never exceeds the k-th key), so the buffer always holds the row's
+/// top `k` of what was seen. After the last round a final select gathers
+/// the top keys, which are sorted, written and sampled as in
+/// [`radix_rows`]: the same slab and token bit for bit.
+///
+/// # Safety
+/// The launch contract; `args.cache_slots >= FILTER_MIN_CAP` and the
+/// dynamic shared memory holds [`filter_smem_bytes`]`(args.cache_slots)`
+/// bytes.
+///
+/// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
+#[inline(always)]
+unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    let smem = Smem::new();
+    let tid = arch::thread_idx_x();
+    let cap = args.cache_slots;
+    let mut parity = 0;
+    let mut row = arch::block_idx_y();
+    // SAFETY: the launch contract covers every access below; control flow
+    // depends only on values every thread computes alike (uniform).
+    unsafe {
+        while row < args.batch {
+            let row_ptr = probs.add(row as usize * args.row_stride as usize);
+            let chunk = Chunk::new(row_ptr, 0, args);
+            let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
+            // The first round's loads go out before anything waits.
+            let mut next = filter_load(&chunk, 0);
+            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
+            // Round r counts its pushes in word CTL_FILL + r % 3: zeroed
+            // two rounds ahead, after the barrier that ends the reads of
+            // its previous use, and before the barrier that starts its
+            // round.
+            if tid == 0 {
+                core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
+                core::ptr::write_volatile(smem.ctl(CTL_FILL + 1), 0);
+            }
+            arch::bar_sync();
+            let mut t = 0u64;
+            let mut count = 0u32;
+            let mut compacted = false;
+            let mut fill = 0usize;
+            let mut r = 0;
+            while r < rounds {
+                let v = next;
+                if r + 1 < rounds {
+                    next = filter_load(&chunk, r + 1);
+                }
+                let word = smem.ctl(CTL_FILL + fill);
+                filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
+                arch::bar_sync();
+                count = count
+                    .saturating_add(core::ptr::read_volatile(word))
+                    .min(cap);
+                if tid == 0 {
+                    core::ptr::write_volatile(smem.ctl(CTL_FILL + (fill + 2) % 3), 0);
+                }
+                fill = (fill + 1) % 3;
+                if filter_compacts(r, rounds, count, cap, compacted) {
+                    let (threshold, kept) = filter_narrow(smem, count, k, t, &mut parity);
+                    let mut i = tid;
+                    while i < kept {
+                        *smem.candidates().add(i as usize) = *smem.gather().add(i as usize);
+                        i += THREADS;
+                    }
+                    arch::bar_sync();
+                    t = threshold;
+                    count = kept;
+                    compacted = true;
+                }
+                r += 1;
+            }
+            let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
+            sort_gathered(smem, n);
+            if args.mode & MODE_SLAB != 0 {
+                write_slab(out, smem, row, k);
+            }
+            if args.mode & MODE_SAMPLE != 0 {
+                sample_row(out, smem, row, k);
+            }
+            // The next row's counters, buffer and gather are reused.
+            arch::bar_sync();
+            row += arch::grid_dim_y();
+        }
+    }
+}
+
 /// The exchange of [`radix_topk_cluster_f32`] on this architecture (it
 /// needs no workspace).
 #[cfg(target_feature = "sm_90")]
@@ -1247,8 +1689,28 @@ fn global_exchange(ws: [*mut u8; 4]) -> Global {
     }
 }
 
+/// The rows of [`radix_topk_cluster_f32`].
+///
+/// # Safety
+/// The launch contract.
+#[inline(always)]
+unsafe fn cluster_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    // SAFETY: forwarded.
+    unsafe { radix_rows(&cluster_exchange(ws), probs, out, args) }
+}
+
+/// The rows of [`radix_topk_coop_f32`].
+///
+/// # Safety
+/// The launch contract.
+#[inline(always)]
+unsafe fn coop_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    // SAFETY: forwarded.
+    unsafe { radix_rows(&global_exchange(ws), probs, out, args) }
+}
+
 macro_rules! radix_entry {
-    ($name:ident, $exchange:ident, $what:literal) => {
+    ($name:ident, $rows:ident, $what:literal) => {
         #[doc = concat!("Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, ", $what, " (see the module docs).")]
         ///
         /// # Launch
@@ -1293,20 +1755,25 @@ macro_rules! radix_entry {
                 ws_barrier as *mut u8,
             ];
             // SAFETY: the launch contract.
-            unsafe { radix_rows(&$exchange(ws), probs, &out, &args) }
+            unsafe { $rows(ws, probs, &out, &args) }
         }
     };
 }
 
 radix_entry!(
     radix_topk_cluster_f32,
-    cluster_exchange,
+    cluster_rows,
     "the CTAs of a row forming a thread block cluster that exchanges through distributed shared memory (sm_90; one CTA per row on older GPUs; the workspace pointers are unused)"
 );
 radix_entry!(
     radix_topk_coop_f32,
-    global_exchange,
+    coop_rows,
     "the CTAs of a row exchanging through the global workspace (`ws_hist`, `ws_gather`, `ws_count`, `ws_barrier`) of a cooperative launch: the multi-CTA fallback of GPUs without clusters"
+);
+radix_entry!(
+    radix_topk_filter_f32,
+    filter_rows,
+    "one CTA per row streaming it once against a running threshold, its candidates in shared memory (the large-batch route; `args.cache_slots` is the candidate buffer's capacity in keys; the workspace pointers are unused)"
 );
 
 /// The pivot route's input for probabilities: `logits[r][j] =
