@@ -428,7 +428,7 @@ fn radix_top_k_never_panics() {
     // for every route instead of both outcomes.
     fuzz_total(
         "plan_route",
-        ["Pivot", "SingleCta", "Cluster", "Cooperative"],
+        ["Pivot", "SingleCta", "Cluster", "Cooperative", "Filter"],
         |rng| {
             let (batch, vocab) = if rng.random_bool(0.7) {
                 (
@@ -468,6 +468,7 @@ fn radix_top_k_never_panics() {
                 ctas_per_sm: pick(&[0, 1, 1, 2, 4, u32::MAX], rng),
                 cache_elems: pick(&[0, 1, 49_792, u32::MAX], rng),
                 cluster_slots: std::array::from_fn(|_| pick(&[0, 1, 16, 132, u32::MAX], rng)),
+                filter_ctas_per_sm: pick(&[0, 0, 1, 2, u32::MAX], rng),
             };
             (rows, max_k, caps)
         },
@@ -486,6 +487,11 @@ fn radix_top_k_never_panics() {
             match route {
                 Route::Pivot => 0,
                 Route::SingleCta => 1,
+                // Only where the GPU runs the filter kernel.
+                Route::Filter => {
+                    assert!(caps.filter_ctas_per_sm > 0 && caps.sm_count > 0);
+                    4
+                }
                 Route::Cluster { ctas } => {
                     split(ctas);
                     assert!(caps.max_cluster >= 2 && ctas <= caps.max_cluster);

@@ -34,7 +34,10 @@
 //! clusters (sm_90+) a cluster of `ctas` CTAs per row ([`Route::Cluster`],
 //! `ctas` from a cost model: [`plan_route`]), elsewhere one CTA per row
 //! ([`Route::SingleCta`]) or, for small batches, a cooperative multi-CTA
-//! launch ([`Route::Cooperative`]). `k > SLAB` takes the pivot path of the
+//! launch ([`Route::Cooperative`]). Large batches take one CTA per row
+//! that streams its row once against a running threshold
+//! ([`Route::Filter`]) where the GPU's shared memory holds its candidate
+//! buffer. `k > SLAB` takes the pivot path of the
 //! Qrita sampler ([`Route::Pivot`]) on the logits `ln p` of the clean
 //! probabilities (`radix_select::prob_logit`, then temperature 1, min-p
 //! off): the same contract, except that probabilities whose f32
@@ -48,8 +51,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 use flashsample_kernels::radix_select::{
-    BUCKETS, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB,
-    radix_smem_bytes,
+    BUCKETS, FILTER_FIXED_SMEM, FILTER_MAX_CAP, FILTER_MIN_CAP, GATHER_CAP, MODE_SAMPLE, MODE_SLAB,
+    RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes, radix_smem_bytes,
 };
 
 use crate::device::Device;
@@ -270,6 +273,12 @@ pub enum Route {
     Cooperative { ctas: u32 },
     /// Radix select, one CTA per row (every GPU).
     SingleCta,
+    /// One CTA per row without a row cache: the row streamed once, every
+    /// key at or above a running threshold kept in a candidate buffer in
+    /// shared memory, the threshold raised by a radix select over the
+    /// buffer whenever it fills (the large-batch route; GPUs whose shared
+    /// memory holds the buffer, [`RadixCaps::filter_ctas_per_sm`] > 0).
+    Filter,
     /// The Qrita pivot path on `ln p`, for `k > SLAB`.
     Pivot,
 }
@@ -292,6 +301,10 @@ pub struct RadixCaps {
     /// [`MAX_CLUSTER`]; 0 where it cannot, and everywhere without
     /// clusters): the rows a wave of the cluster route holds.
     pub cluster_slots: [u32; MAX_CLUSTER as usize + 1],
+    /// Filter CTAs ([`Route::Filter`]) resident per multiprocessor with
+    /// their candidate buffer; 0 where the GPU cannot run them (its shared
+    /// memory per block below the smallest buffer).
+    pub filter_ctas_per_sm: u32,
 }
 
 // The cost model, fitted on the H200 to the bench's every-route table of
@@ -304,6 +317,26 @@ const US_PER_ELEM: f64 = 0.43e-3;
 const US_PER_REREAD: f64 = 0.12e-3;
 /// Fewest elements per CTA worth splitting a row for.
 const MIN_CHUNK: u32 = 2048;
+
+// The filter route's cost, a first guess before any measurement: rows the
+// GPU holds at once (one CTA each) take a fixed time plus a time per
+// element streamed (about the HBM floor's per-row share when every SM
+// streams). Chosen so that the cluster route keeps batches up to 16 and
+// the filter takes batches from 64 at V >= 32768 (on the H200's clusters
+// at once); to be fitted to the bench's every-route table.
+const FILTER_FIXED_US: f64 = 12.0;
+const FILTER_US_PER_ELEM: f64 = 0.12e-3;
+
+/// Estimated time of a filter launch; infinite where the GPU cannot run
+/// one.
+fn filter_time_us(rows: &Rows, caps: &RadixCaps) -> f64 {
+    let rows_at_once = u64::from(caps.sm_count) * u64::from(caps.filter_ctas_per_sm);
+    if rows_at_once == 0 {
+        return f64::INFINITY;
+    }
+    let waves = (rows.batch.max(1) as u64).div_ceil(rows_at_once) as f64;
+    waves * (FILTER_FIXED_US + rows.vocab as f64 * FILTER_US_PER_ELEM)
+}
 
 /// Estimated time of a radix launch with `ctas` CTAs per row, as clusters
 /// (`clustered`) or plain CTAs; infinite where the GPU cannot run one row.
@@ -332,7 +365,9 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
 /// time plus a time per element of its CTAs' chunks and per element
 /// re-read past their cache), as a cluster where the GPU has them, else a
 /// cooperative launch when its CTAs fit the GPU at once, else one CTA per
-/// row.
+/// row; and the filter route ([`Route::Filter`]: waves of rows, each a
+/// fixed time plus a time per element of the row) where the GPU runs it
+/// and its estimate is lower (large batches).
 ///
 /// ```
 /// use flashsample::{RadixCaps, Route, Rows, plan_route};
@@ -343,8 +378,12 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
 ///     ctas_per_sm: 1,
 ///     cache_elems: 48_764,
 ///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
+///     filter_ctas_per_sm: 1,
 /// };
 /// assert_eq!(plan_route(&Rows::contiguous(1, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
+/// assert_eq!(plan_route(&Rows::contiguous(16, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
+/// assert_eq!(plan_route(&Rows::contiguous(64, 128_256), 50, &h200), Route::Filter);
+/// assert_eq!(plan_route(&Rows::contiguous(128, 128_256), 50, &h200), Route::Filter);
 /// assert_eq!(plan_route(&Rows::contiguous(8, 128_256), 2000, &h200), Route::Pivot);
 /// ```
 pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
@@ -367,6 +406,9 @@ pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
         if t < best.1 {
             best = (ctas, t);
         }
+    }
+    if filter_time_us(rows, caps) < best.1 {
+        return Route::Filter;
     }
     match best.0 {
         1 => Route::SingleCta,
@@ -391,12 +433,16 @@ unsafe impl Sync for Func {}
 struct RadixKernels {
     cluster: Func,
     coop: Func,
+    filter: Func,
     to_logits: Func,
     caps: RadixCaps,
     /// Cooperative CTAs resident per multiprocessor.
     coop_per_sm: u32,
     /// Largest dynamic shared memory of a radix CTA.
     smem_budget: u32,
+    /// The filter kernel's candidate buffer, in keys (0: the GPU cannot
+    /// run it).
+    filter_cap: u32,
 }
 
 /// Resident CTAs of `f` per multiprocessor with `smem` bytes each.
@@ -456,6 +502,7 @@ impl RadixKernels {
         };
         let cluster = get("radix_topk_cluster_f32")?;
         let coop = get("radix_topk_coop_f32")?;
+        let filter = get("radix_topk_filter_f32")?;
         let to_logits = get("radix_probs_to_logits_f32")?;
         // Registers decide how many CTAs fit; they share the shared memory.
         let by_regs = occupancy(cluster, RADIX_FIXED_SMEM)?.max(1);
@@ -463,6 +510,15 @@ impl RadixKernels {
         let ctas_per_sm = occupancy(cluster, smem_budget)?.max(1);
         let coop_per_sm = occupancy(coop, smem_budget)?;
         let cache_elems = (smem_budget.saturating_sub(RADIX_FIXED_SMEM) / 4) & !3;
+        // The filter's buffer: as large as one CTA's shared memory allows,
+        // up to FILTER_MAX_CAP keys; no filter below FILTER_MIN_CAP.
+        let fit = (optin.saturating_sub(FILTER_FIXED_SMEM) / 8).min(FILTER_MAX_CAP) & !3;
+        let filter_per_sm = if fit >= FILTER_MIN_CAP {
+            occupancy(filter, filter_smem_bytes(fit))?
+        } else {
+            0
+        };
+        let filter_cap = if filter_per_sm > 0 { fit } else { 0 };
         let clusters = dev.arch().starts_with("sm_9")
             && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
         let mut cluster_slots = [0; MAX_CLUSTER as usize + 1];
@@ -478,6 +534,7 @@ impl RadixKernels {
         Ok(RadixKernels {
             cluster,
             coop,
+            filter,
             to_logits,
             caps: RadixCaps {
                 sm_count: dev.sm_count(),
@@ -485,9 +542,11 @@ impl RadixKernels {
                 ctas_per_sm,
                 cache_elems,
                 cluster_slots,
+                filter_ctas_per_sm: filter_per_sm,
             },
             coop_per_sm,
             smem_budget,
+            filter_cap,
         })
     }
 }
@@ -813,18 +872,31 @@ impl Device {
             // kernel then uses the cluster instructions on itself).
             Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), k.cluster),
             Route::SingleCta => (1, LaunchKind::Plain, k.cluster),
+            Route::Filter if k.filter_cap > 0 => (1, LaunchKind::Plain, k.filter),
             _ => return Err(param("route", route)),
         };
         let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
-        let cache_slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
-        let smem = radix_smem_bytes(cache_slots);
-        if smem > k.smem_budget {
-            return Err(param("shared memory", smem));
-        }
+        let (cache_slots, smem) = if route == Route::Filter {
+            // The filter's `cache_slots` is its candidate buffer in keys.
+            (k.filter_cap, filter_smem_bytes(k.filter_cap))
+        } else {
+            let slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
+            let smem = radix_smem_bytes(slots);
+            if smem > k.smem_budget {
+                return Err(param("shared memory", smem));
+            }
+            (slots, smem)
+        };
         let slots = match kind {
             LaunchKind::Cooperative => {
                 let resident = (caps.sm_count * k.coop_per_sm / ctas) as usize;
                 batch.min(resident)
+            }
+            // The filter's CTAs loop over the rows: as many as the GPU
+            // holds at once.
+            _ if route == Route::Filter => {
+                let resident = caps.sm_count.max(1) as usize * caps.filter_ctas_per_sm as usize;
+                batch.min(resident).min(MAX_GRID_Y)
             }
             _ => batch.min(MAX_GRID_Y),
         };
@@ -908,17 +980,20 @@ impl Device {
                 .map(|x| x as *mut CUdeviceptr as *mut c_void),
         );
         list.push(&mut args as *mut RadixArgs as *mut c_void);
-        // SAFETY: the parameters of `radix_topk_cluster_f32` and
-        // `radix_topk_coop_f32` (one signature) in order; `probs` holds the
-        // validated rows, the parameter buffers at least `batch` rows
-        // (checked), the outputs the mode writes `batch` rows (checked; the
-        // others are 0 and unread), the cooperative workspace `slots` rows
-        // of `ctas` CTAs with zeroed counts (the cluster kernel gets 0 and
-        // never reads it); the grid has `ctas * chunk >= vocab`, blocks of
-        // RADIX_THREADS, the shared memory of `cache_slots` (within the
-        // function's limit), a cluster of `ctas` only where the GPU has
-        // them (checked against `max_cluster`), and the cooperative grid
-        // fits the GPU (checked against its occupancy).
+        // SAFETY: the parameters of `radix_topk_cluster_f32`,
+        // `radix_topk_coop_f32` and `radix_topk_filter_f32` (one signature)
+        // in order; `probs` holds the validated rows, the parameter buffers
+        // at least `batch` rows (checked), the outputs the mode writes
+        // `batch` rows (checked; the others are 0 and unread), the
+        // cooperative workspace `slots` rows of `ctas` CTAs with zeroed
+        // counts (the cluster and filter kernels get 0 and never read it);
+        // the grid has `ctas * chunk >= vocab`, blocks of RADIX_THREADS, the
+        // shared memory of `cache_slots` (within the function's limit; for
+        // the filter a buffer of `filter_cap` keys, at least FILTER_MIN_CAP,
+        // whose shared memory the occupancy query accepted), a cluster of
+        // `ctas` only where the GPU has them (checked against
+        // `max_cluster`), and the cooperative grid fits the GPU (checked
+        // against its occupancy).
         unsafe { launch(stream, func, (ctas, slots as u32), smem, kind, &mut list) }
     }
 }
@@ -934,6 +1009,12 @@ mod tests {
         ctas_per_sm: 1,
         cache_elems: 48_764,
         cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
+        filter_ctas_per_sm: 1,
+    };
+    // The clusters at once the H200 reported (session 6).
+    const H200_MEASURED: RadixCaps = RadixCaps {
+        cluster_slots: [0, 132, 66, 39, 30, 22, 17, 15, 15],
+        ..H200
     };
 
     #[test]
@@ -941,10 +1022,12 @@ mod tests {
         let rows = Rows::contiguous(1, 128_256);
         assert_eq!(plan_route(&rows, 1025, &H200), Route::Pivot);
         assert_eq!(plan_route(&rows, 1024, &H200), Route::Cluster { ctas: 8 });
-        // Small vocabularies are not split below MIN_CHUNK elements.
-        assert_eq!(
-            plan_route(&Rows::contiguous(1, 3000), 50, &H200),
-            Route::SingleCta
+        // Small vocabularies are not split below MIN_CHUNK elements (one
+        // CTA per row, a cluster's or the filter's).
+        let small = plan_route(&Rows::contiguous(1, 3000), 50, &H200);
+        assert!(
+            matches!(small, Route::SingleCta | Route::Filter),
+            "{small:?}"
         );
         let ampere = RadixCaps {
             max_cluster: 0,
@@ -955,16 +1038,25 @@ mod tests {
             plan_route(&rows, 50, &ampere),
             Route::Cooperative { ctas: 8 }
         );
-        // A full GPU of rows: one CTA per row, no cooperation needed.
+        // A full GPU of rows: one CTA per row, no cooperation needed; the
+        // filter's where the GPU runs it.
         assert_eq!(
             plan_route(&Rows::contiguous(512, 128_256), 50, &ampere),
+            Route::Filter
+        );
+        let no_filter = RadixCaps {
+            filter_ctas_per_sm: 0,
+            ..ampere
+        };
+        assert_eq!(
+            plan_route(&Rows::contiguous(512, 128_256), 50, &no_filter),
             Route::SingleCta
         );
         // Every planned radix route respects the limits.
         for batch in [1usize, 2, 4, 8, 16, 32, 64, 128, 1024] {
             for vocab in [1usize, 5000, 32_768, 128_256, 151_936, 262_144] {
                 let rows = Rows::contiguous(batch, vocab);
-                for caps in [H200, ampere] {
+                for caps in [H200, ampere, no_filter] {
                     match plan_route(&rows, 50, &caps) {
                         Route::Cluster { ctas } => {
                             assert!((2..=caps.max_cluster).contains(&ctas));
@@ -974,6 +1066,7 @@ mod tests {
                             assert!(ctas >= 2 && batch as u32 * ctas <= caps.sm_count);
                         }
                         Route::SingleCta => {}
+                        Route::Filter => assert!(caps.filter_ctas_per_sm > 0),
                         Route::Pivot => panic!("k = 50 is a radix request"),
                     }
                 }
@@ -995,6 +1088,23 @@ mod tests {
                 matches!(one, Route::Cluster { ctas: 4.. }),
                 "V = {vocab}: {one:?}"
             );
+        }
+        // The filter takes large batches, the clusters small ones, on the
+        // assumed and on the measured clusters at once.
+        for caps in [H200, H200_MEASURED] {
+            for vocab in [32_768usize, 128_256, 151_936, 262_144] {
+                for batch in [1usize, 2, 4, 8, 16] {
+                    let r = plan_route(&Rows::contiguous(batch, vocab), 50, &caps);
+                    assert!(
+                        matches!(r, Route::Cluster { .. }),
+                        "B={batch} V={vocab}: {r:?}"
+                    );
+                }
+                for batch in [64usize, 128, 256, 1024] {
+                    let r = plan_route(&Rows::contiguous(batch, vocab), 50, &caps);
+                    assert_eq!(r, Route::Filter, "B={batch} V={vocab}");
+                }
+            }
         }
         let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200, true);
         let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200, true);
