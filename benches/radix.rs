@@ -21,8 +21,9 @@
 //! B = 1, V = 128256, k = 50; none for the other B = 1 cases) and whether
 //! it is met. Then stage 1 alone (`top_k_to_slab`) at a few shapes, and a
 //! calibration table: every route (one CTA per row, cooperative, each
-//! cluster size) at three shapes, against which the route planner's cost
-//! model (`flashsample::plan_route`) is to be tuned. Last, the radix
+//! cluster size, filter) at five shapes (V = 128256, k = 50, B in {1, 16,
+//! 32, 64, 128}), against which the route planner's cost model
+//! (`flashsample::plan_route`) is to be tuned. Last, the radix
 //! bucket overflow rates, from the CPU emulation of stage 1
 //! (`radix_select::select_slab`) over the distinct rows of each input, per
 //! (V, distribution, k): the share of rows needing more than one pass, the
@@ -314,11 +315,13 @@ fn main() -> Result<()> {
                     if suffix.is_empty()
                         && vocab == 128_256
                         && k == 50
-                        && [1, 16, 128].contains(&batch)
+                        && [1, 16, 32, 64, 128].contains(&batch)
                     {
                         let mut all = vec![Route::SingleCta];
                         all.extend((2..=8).map(|ctas| Route::Cooperative { ctas }));
                         all.extend((2..=caps.max_cluster).map(|ctas| Route::Cluster { ctas }));
+                        // Rejected where the GPU cannot run it.
+                        all.push(Route::Filter);
                         for r in all {
                             rws.force_route(Some(r));
                             let tr = timer.time(|| {

@@ -420,8 +420,8 @@ fn tokens_on_gpu(
 }
 
 /// The routes to compare on this GPU for `rows`: the planned one, one CTA
-/// per row, a cooperative launch, and clusters of 2 and of the largest
-/// size where the GPU has clusters.
+/// per row, a cooperative launch, clusters of 2 and of the largest size
+/// where the GPU has clusters, and the filter route where it runs.
 fn routes(dev: &Device, rows: Rows) -> Vec<Route> {
     let caps = dev.radix_caps().unwrap();
     let mut v = vec![
@@ -435,8 +435,16 @@ fn routes(dev: &Device, rows: Rows) -> Vec<Route> {
             ctas: caps.max_cluster,
         });
     }
-    v.dedup();
-    v
+    if caps.filter_ctas_per_sm > 0 {
+        v.push(Route::Filter);
+    }
+    let mut unique = Vec::new();
+    for r in v {
+        if !unique.contains(&r) {
+            unique.push(r);
+        }
+    }
+    unique
 }
 
 /// Every row of `b` through both entry points and every route, against the
@@ -885,6 +893,7 @@ fn radix_bad_arguments_are_rejected() {
         calls(Some(Route::SingleCta), &big, ok, 2, 2),
         (false, false)
     );
+    assert_eq!(calls(Some(Route::Filter), &big, ok, 2, 2), (false, false));
     assert_eq!(calls(Some(Route::Pivot), &small, ok, 2, 2), (false, true));
     for rows in [
         Rows::contiguous(2, 11),
@@ -913,9 +922,11 @@ fn radix_bad_arguments_are_rejected() {
 }
 
 /// Every radix entry point on tiny inputs: both modes, every route (one
-/// CTA, cooperative, clusters), misaligned strided rows, multi-pass and
-/// invalid rows, and the pivot route; the bundle runs this under
-/// compute-sanitizer.
+/// CTA, cooperative, clusters, filter), misaligned strided rows, multi-pass
+/// and invalid rows, and the pivot route; the bundle runs this under
+/// compute-sanitizer. The filter route also on rows long enough for its
+/// compactions (two rounds and more; one ascending row, which compacts
+/// after every round).
 #[test]
 fn sanitize_radix_paths() {
     const TEST: &str = "sanitize_radix_paths";
@@ -945,6 +956,7 @@ fn sanitize_radix_paths() {
             let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
             let kernel = match route {
                 Route::Cooperative { .. } => "radix_topk_coop_f32",
+                Route::Filter => "radix_topk_filter_f32",
                 _ => "radix_topk_cluster_f32",
             };
             coverage.case(&[kernel]);
@@ -955,6 +967,28 @@ fn sanitize_radix_paths() {
                     format!("{} {route:?}: {}", b.what(r), res.unwrap_err())
                 });
             }
+        }
+    }
+    // The filter route over several rounds: compactions after the first
+    // round and whenever the buffer fills (the ascending row: after every
+    // round but the last). (Its CTAs looping over rows: the 1000-row
+    // batches of `radix_matches_float64_reference`.)
+    if dev.radix_caps().unwrap().filter_ctas_per_sm > 0 {
+        let (vocab, stride, batch) = (40_003, 40_005, 3);
+        let mut b = Batch::random(&mut rng, batch, vocab, stride);
+        let mut row: Vec<f32> = b.row(1).to_vec();
+        row.sort_by_key(|x| prob_bits(*x));
+        b.probs[stride..stride + vocab].copy_from_slice(&row);
+        b.top_k[1] = 50;
+        let slab = slab_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
+        let tokens = tokens_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
+        coverage.case(&["radix_topk_filter_f32"]);
+        coverage.case(&["radix_topk_filter_f32"]);
+        for r in 0..batch {
+            let res = b.check(r, &slab, &tokens);
+            report.check(res.is_ok(), || {
+                format!("{} filter, long rows: {}", b.what(r), res.unwrap_err())
+            });
         }
     }
     // k > SLAB: ln p, then the Qrita sampler.
