@@ -454,7 +454,9 @@ pub struct RadixArgs {
     /// Elements per CTA of a row: CTA `c` owns `[c chunk, (c + 1) chunk)`.
     pub chunk: u32,
     /// u32 slots of each CTA's shared-memory copy of its chunk (a multiple
-    /// of 4; slots past it are read again from global memory).
+    /// of 4; slots past it are read again from global memory); for
+    /// `radix_topk_filter_f32`, its candidate buffer's capacity in keys (at
+    /// least [`FILTER_MIN_CAP`]).
     pub cache_slots: u32,
     /// [`MODE_SLAB`] and / or [`MODE_SAMPLE`].
     pub mode: u32,
