@@ -318,14 +318,14 @@ const US_PER_REREAD: f64 = 0.12e-3;
 /// Fewest elements per CTA worth splitting a row for.
 const MIN_CHUNK: u32 = 2048;
 
-// The filter route's cost, a first guess before any measurement: rows the
-// GPU holds at once (one CTA each) take a fixed time plus a time per
-// element streamed (about the HBM floor's per-row share when every SM
-// streams). Chosen so that the cluster route keeps batches up to 16 and
-// the filter takes batches from 64 at V >= 32768 (on the H200's clusters
-// at once); to be fitted to the bench's every-route table.
+// The filter route's cost: rows the GPU holds at once (one CTA each) take
+// a fixed time plus a time per element streamed. Fitted on the H200 to the
+// bench's every-route table of session 9 (V = 128256, k = 50: 39.2 us at
+// B = 1, 40.9 at 16 and 32, 41.9 at 64, 42.3 at 128: one CTA streams its
+// row at about 12 GB/s, instruction-bound); the fixed part is the radix
+// route's (only one vocabulary was measured).
 const FILTER_FIXED_US: f64 = 12.0;
-const FILTER_US_PER_ELEM: f64 = 0.12e-3;
+const FILTER_US_PER_ELEM: f64 = 0.22e-3;
 
 /// Estimated time of a filter launch; infinite where the GPU cannot run
 /// one.
