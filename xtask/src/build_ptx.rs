@@ -37,7 +37,7 @@ const B64_SPILL: &str = "mma.sync path at its 128-register bound: ptxas keeps tw
 const B128_SPILL: &str = "16 warps of at most 128 registers, 64 of them accumulators: ptxas \
      spills 21 to 27 loop-invariant registers (copy addresses, staging offsets) outside the main \
      loop, about 15 local loads per step of 64 to 128 k-blocks (sm_90 SASS: none between the \
-     first and last HMMA; sm_90a runs the warp-specialised kernel, which does not spill)";
+     first and last HMMA; sm_90a runs the warp-specialised kernel instead)";
 
 const WS_SPILL: &str = "warp-specialised consumers at 112 registers (64 accumulators): ptxas \
      keeps 1 to 7 loop-invariant words (launch pointers, offsets) in local memory, stored before \
