@@ -373,6 +373,27 @@ pub struct CpuSelect {
     pub gathered: u32,
 }
 
+/// The crossing of a pass from its whole histogram, as the kernels find it
+/// group by group from the top (all zeros when no bucket holds it: a
+/// crossing always exists for a range of at least `need` keys, and this is
+/// the kernels' default otherwise).
+#[cfg(not(target_arch = "nvptx64"))]
+fn crossing_of(hist: &[u32; BUCKETS as usize], need: u32) -> Crossing {
+    let mut above = 0u32;
+    for g in (0..BUCKETS / 4).rev() {
+        let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
+        if let Some(x) = crossing_in_group(c, g, above, need) {
+            return x;
+        }
+        above += c.iter().sum::<u32>();
+    }
+    Crossing {
+        digit: 0,
+        above: 0,
+        count: 0,
+    }
+}
+
 /// Stage 1 run on the CPU as the kernels run it: the row split into
 /// `ctas` chunks whose histograms are summed, the passes of
 /// [`RadixSelect`] with the crossing found group by group, the gather and
@@ -394,23 +415,7 @@ pub fn select_slab(row: &[f32], top_k: u32, ctas: u32) -> CpuSelect {
                 }
             }
         }
-        let mut above = 0u32;
-        // A crossing always exists (the range holds at least `need` keys);
-        // the kernel's default when none were found is this one.
-        let mut crossing = Crossing {
-            digit: 0,
-            above: 0,
-            count: 0,
-        };
-        for g in (0..BUCKETS / 4).rev() {
-            let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
-            if let Some(x) = crossing_in_group(c, g, above, sel.need()) {
-                crossing = x;
-                break;
-            }
-            above += c.iter().sum::<u32>();
-        }
-        if let Some(t) = sel.advance(crossing) {
+        if let Some(t) = sel.advance(crossing_of(&hist, sel.need())) {
             break t;
         }
     };
@@ -610,21 +615,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
                 }
             }
             *passes += 1;
-            let mut above = 0u32;
-            let mut crossing = Crossing {
-                digit: 0,
-                above: 0,
-                count: 0,
-            };
-            for g in (0..BUCKETS / 4).rev() {
-                let c = [0, 1, 2, 3].map(|d| hist[(4 * g + d) as usize]);
-                if let Some(x) = crossing_in_group(c, g, above, sel.need()) {
-                    crossing = x;
-                    break;
-                }
-                above += c.iter().sum::<u32>();
-            }
-            if let Some(t) = sel.advance(crossing) {
+            if let Some(t) = sel.advance(crossing_of(&hist, sel.need())) {
                 break t;
             }
         }

@@ -1204,6 +1204,29 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
     }
 }
 
+/// The end of row `row` on the CTA holding its gathered keys (`n` of them):
+/// the sort, then the slab (`MODE_SLAB` in `mode`) and the draw
+/// (`MODE_SAMPLE`) of its `k` first keys, and a barrier before the next
+/// row reuses the gather count and buffer.
+///
+/// # Safety
+/// Every thread of the CTA calls it; `n <= GATHER_CAP`; the output pointers
+/// of `mode` hold the row.
+#[inline(always)]
+unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
+    // SAFETY: forwarded.
+    unsafe {
+        sort_gathered(smem, n);
+        if mode & MODE_SLAB != 0 {
+            write_slab(out, smem, row, k);
+        }
+        if mode & MODE_SAMPLE != 0 {
+            sample_row(out, smem, row, k);
+        }
+    }
+    arch::bar_sync();
+}
+
 // ---------------------------------------------------------------------------
 // The row loop.
 // ---------------------------------------------------------------------------
@@ -1243,15 +1266,7 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
             gather_pass(x, &chunk, smem, threshold);
             let n = x.end_gather(smem);
             if x.rank() == 0 {
-                sort_gathered(smem, n.min(GATHER_CAP));
-                if args.mode & MODE_SLAB != 0 {
-                    write_slab(out, smem, row, k);
-                }
-                if args.mode & MODE_SAMPLE != 0 {
-                    sample_row(out, smem, row, k);
-                }
-                // The next row's gather count and buffer are reused.
-                arch::bar_sync();
+                finish_row(out, smem, row, k, n.min(GATHER_CAP), args.mode);
             }
             row += arch::grid_dim_y();
         }
@@ -1646,15 +1661,8 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 r += 1;
             }
             let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
-            sort_gathered(smem, n);
-            if args.mode & MODE_SLAB != 0 {
-                write_slab(out, smem, row, k);
-            }
-            if args.mode & MODE_SAMPLE != 0 {
-                sample_row(out, smem, row, k);
-            }
-            // The next row's counters, buffer and gather are reused.
-            arch::bar_sync();
+            // The next row's counters and buffer are reused too.
+            finish_row(out, smem, row, k, n, args.mode);
             row += arch::grid_dim_y();
         }
     }
