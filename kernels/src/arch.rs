@@ -685,10 +685,12 @@ pub fn wgmma_wait_all() {
     unsafe { asm!("wgmma.wait_group.sync.aligned 0;", options(nostack)) };
 }
 
-/// `fence.proxy.async.shared::cta`: this thread's earlier writes to shared
-/// memory (`st.shared`, completed `cp.async`) become visible to the async
-/// proxy that `wgmma` reads its operands through.
-#[cfg(target_feature = "sm_90a")]
+/// `fence.proxy.async.shared::cta`: this thread's earlier accesses to
+/// shared memory (`st.shared`, completed `cp.async`) are ordered before
+/// later accesses of the async proxy: `wgmma` reading its operands, bulk
+/// copies overwriting what the thread wrote (a block barrier after the
+/// fence orders every thread's accesses before the copy its issuer starts).
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub fn fence_proxy_async_shared() {
     // SAFETY: an ordering instruction.
@@ -759,8 +761,8 @@ wgmma_size! { 32, "64", wgmma_m64n64k16_bf16, wgmma_m64n64k16_f16, operand_fence
 wgmma_size! { 64, "128", wgmma_m64n128k16_bf16, wgmma_m64n128k16_f16, operand_fence_64, [d0 = 0, d1 = 1, d2 = 2, d3 = 3, d4 = 4, d5 = 5, d6 = 6, d7 = 7, d8 = 8, d9 = 9, d10 = 10, d11 = 11, d12 = 12, d13 = 13, d14 = 14, d15 = 15, d16 = 16, d17 = 17, d18 = 18, d19 = 19, d20 = 20, d21 = 21, d22 = 22, d23 = 23, d24 = 24, d25 = 25, d26 = 26, d27 = 27, d28 = 28, d29 = 29, d30 = 30, d31 = 31, d32 = 32, d33 = 33, d34 = 34, d35 = 35, d36 = 36, d37 = 37, d38 = 38, d39 = 39, d40 = 40, d41 = 41, d42 = 42, d43 = 43, d44 = 44, d45 = 45, d46 = 46, d47 = 47, d48 = 48, d49 = 49, d50 = 50, d51 = 51, d52 = 52, d53 = 53, d54 = 54, d55 = 55, d56 = 56, d57 = 57, d58 = 58, d59 = 59, d60 = 60, d61 = 61, d62 = 62, d63 = 63] }
 
 // ---------------------------------------------------------------------------
-// mbarrier pipelines and the bulk tensor copy engine (sm_90a's
-// warp-specialised fused kernels).
+// mbarrier pipelines and the bulk copy engine (sm_90: the staged radix
+// filter; sm_90a: the warp-specialised fused kernels' tensor copies).
 
 /// `mbarrier.init.shared::cta.b64`: the barrier at shared address `addr`
 /// expects `count` arrivals a phase.
@@ -768,7 +770,7 @@ wgmma_size! { 64, "128", wgmma_m64n128k16_bf16, wgmma_m64n128k16_f16, operand_fe
 /// # Safety
 /// `addr` is an 8-byte aligned shared address of the block that no thread
 /// uses as a barrier yet.
-#[cfg(target_feature = "sm_90a")]
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub unsafe fn mbarrier_init(addr: u32, count: u32) {
     // SAFETY: the caller's contract.
@@ -781,7 +783,7 @@ pub unsafe fn mbarrier_init(addr: u32, count: u32) {
 /// `fence.mbarrier_init.release.cluster`: this thread's `mbarrier.init`s
 /// become visible to the async proxy (the bulk copies that complete on
 /// them); a block barrier after it publishes them to the other threads.
-#[cfg(target_feature = "sm_90a")]
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub fn fence_mbarrier_init() {
     // SAFETY: an ordering instruction.
@@ -794,7 +796,7 @@ pub fn fence_mbarrier_init() {
 ///
 /// # Safety
 /// `addr` is an initialised barrier of the block.
-#[cfg(target_feature = "sm_90a")]
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub unsafe fn mbarrier_arrive_expect_tx(addr: u32, bytes: u32) {
     // SAFETY: the caller's contract.
@@ -810,7 +812,7 @@ pub unsafe fn mbarrier_arrive_expect_tx(addr: u32, bytes: u32) {
 ///
 /// # Safety
 /// `addr` is an initialised barrier of the block.
-#[cfg(target_feature = "sm_90a")]
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub unsafe fn mbarrier_arrive(addr: u32) {
     // SAFETY: the caller's contract.
@@ -825,7 +827,7 @@ pub unsafe fn mbarrier_arrive(addr: u32) {
 ///
 /// # Safety
 /// `addr` is an initialised barrier of the block.
-#[cfg(target_feature = "sm_90a")]
+#[cfg(target_feature = "sm_90")]
 #[inline(always)]
 pub unsafe fn mbarrier_wait_parity(addr: u32, parity: u32) {
     loop {
@@ -875,6 +877,32 @@ pub unsafe fn cp_async_bulk_tensor_2d(dst: u32, map: u64, c0: i32, c1: i32, bar:
         asm!("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
              d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1,
              b = in(reg32) bar, options(nostack))
+    };
+}
+
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`: a
+/// bulk copy of `bytes` contiguous bytes from global address `src` to shared
+/// address `dst` of this block, by the copy engine (no registers, no
+/// thread waits for it), completing `bytes` of transactions on the barrier
+/// at `bar` (sm_90).
+///
+/// # Safety
+/// `src` is a 16-byte aligned global address of `bytes` readable bytes no
+/// thread writes during the kernel; `dst` is a 16-byte aligned shared
+/// address of this block with `bytes` bytes of room that no thread
+/// accesses until the barrier's phase completes (and whose earlier
+/// generic writes are fenced, [`fence_proxy_async_shared`]); `bytes` is a
+/// nonzero multiple of 16; `bar` is an initialised barrier of the block
+/// whose current phase expects the bytes
+/// ([`mbarrier_arrive_expect_tx`]).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn cp_async_bulk_shared_global(dst: u32, src: *const u8, bytes: u32, bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar,
+             options(nostack))
     };
 }
 
