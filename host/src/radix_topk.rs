@@ -51,8 +51,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 use flashsample_kernels::radix_select::{
-    BUCKETS, FILTER_FIXED_SMEM, FILTER_MAX_CAP, FILTER_MIN_CAP, GATHER_CAP, MODE_SAMPLE, MODE_SLAB,
-    RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes, radix_smem_bytes,
+    BUCKETS, FILTER_MAX_CAP, FILTER_MIN_CAP, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM,
+    RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes, radix_smem_bytes,
 };
 
 use crate::device::Device;
@@ -443,6 +443,30 @@ struct RadixKernels {
     /// The filter kernel's candidate buffer, in keys (0: the GPU cannot
     /// run it).
     filter_cap: u32,
+    /// Whether the module's filter kernel is the staged one (its shared
+    /// memory layout: [`filter_smem_bytes`]).
+    filter_staged: bool,
+}
+
+/// Whether the PTX module `arch` (`"sm_80"`, `"sm_90a"`, ..) runs the
+/// staged filter kernel (the row by bulk copies into shared-memory
+/// stages): the kernels crate compiles it under `cfg(target_feature =
+/// "sm_90")`, which every module from sm_90 on has.
+fn filter_staged(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .map(|n| n.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n >= 90)
+}
+
+/// The filter kernel's candidate buffer in keys for `optin` bytes of
+/// shared memory per CTA: as large as they hold next to the kernel's fixed
+/// layout (`staged`: [`filter_staged`]), up to FILTER_MAX_CAP keys; 0 below
+/// FILTER_MIN_CAP (no filter).
+fn filter_cap_for(optin: u32, staged: bool) -> u32 {
+    let fixed = filter_smem_bytes(0, staged);
+    let fit = (optin.saturating_sub(fixed) / 8).min(FILTER_MAX_CAP) & !3;
+    if fit >= FILTER_MIN_CAP { fit } else { 0 }
 }
 
 /// Resident CTAs of `f` per multiprocessor with `smem` bytes each.
@@ -510,11 +534,12 @@ impl RadixKernels {
         let ctas_per_sm = occupancy(cluster, smem_budget)?.max(1);
         let coop_per_sm = occupancy(coop, smem_budget)?;
         let cache_elems = (smem_budget.saturating_sub(RADIX_FIXED_SMEM) / 4) & !3;
-        // The filter's buffer: as large as one CTA's shared memory allows,
-        // up to FILTER_MAX_CAP keys; no filter below FILTER_MIN_CAP.
-        let fit = (optin.saturating_sub(FILTER_FIXED_SMEM) / 8).min(FILTER_MAX_CAP) & !3;
-        let filter_per_sm = if fit >= FILTER_MIN_CAP {
-            occupancy(filter, filter_smem_bytes(fit))?
+        // The filter's buffer: as large as one CTA's shared memory allows
+        // next to its stages (sm_90 on) or its work space.
+        let filter_staged = filter_staged(dev.arch());
+        let fit = filter_cap_for(optin, filter_staged);
+        let filter_per_sm = if fit > 0 {
+            occupancy(filter, filter_smem_bytes(fit, filter_staged))?
         } else {
             0
         };
@@ -547,6 +572,7 @@ impl RadixKernels {
             coop_per_sm,
             smem_budget,
             filter_cap,
+            filter_staged,
         })
     }
 }
@@ -878,7 +904,10 @@ impl Device {
         let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
         let (cache_slots, smem) = if route == Route::Filter {
             // The filter's `cache_slots` is its candidate buffer in keys.
-            (k.filter_cap, filter_smem_bytes(k.filter_cap))
+            (
+                k.filter_cap,
+                filter_smem_bytes(k.filter_cap, k.filter_staged),
+            )
         } else {
             let slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
             let smem = radix_smem_bytes(slots);
@@ -990,7 +1019,8 @@ impl Device {
         // the grid has `ctas * chunk >= vocab`, blocks of RADIX_THREADS, the
         // shared memory of `cache_slots` (within the function's limit; for
         // the filter a buffer of `filter_cap` keys, at least FILTER_MIN_CAP,
-        // whose shared memory the occupancy query accepted), a cluster of
+        // in the layout of the module's kernel (`filter_staged`), whose
+        // shared memory the occupancy query accepted), a cluster of
         // `ctas` only where the GPU has them (checked against
         // `max_cluster`), and the cooperative grid fits the GPU (checked
         // against its occupancy).
@@ -1016,6 +1046,37 @@ mod tests {
         cluster_slots: [0, 132, 66, 39, 30, 22, 17, 15, 15],
         ..H200
     };
+
+    #[test]
+    fn filter_buffer_fits_each_layout() {
+        for (arch, staged) in [
+            ("sm_80", false),
+            ("sm_89", false),
+            ("sm_90", true),
+            ("sm_90a", true),
+            ("sm_100a", true),
+        ] {
+            assert_eq!(filter_staged(arch), staged, "{arch}");
+        }
+        // Opt-in shared memory per CTA: H100 / H200 (227 KiB), A100
+        // (163 KiB), sm_86 / sm_89 (99 KiB).
+        let h200 = 232_448;
+        let cap = filter_cap_for(h200, true);
+        assert_eq!(cap, 12_608);
+        assert!(filter_smem_bytes(cap, true) <= h200);
+        assert_eq!(filter_cap_for(h200, false), FILTER_MAX_CAP);
+        assert_eq!(filter_cap_for(166_912, false), FILTER_MAX_CAP);
+        assert_eq!(filter_cap_for(101_376, false), 0);
+        assert_eq!(filter_cap_for(101_376, true), 0);
+        for optin in [0, 100_000, 166_912, 200_000, h200, 300_000] {
+            for staged in [false, true] {
+                let cap = filter_cap_for(optin, staged);
+                assert!(cap == 0 || (FILTER_MIN_CAP..=FILTER_MAX_CAP).contains(&cap));
+                assert!(cap == 0 || filter_smem_bytes(cap, staged) <= optin);
+                assert_eq!(cap % 4, 0);
+            }
+        }
+    }
 
     #[test]
     fn routes_follow_k_and_the_gpu() {

@@ -516,9 +516,57 @@ pub const FILTER_MAX_CAP: u32 = 2 * FILTER_ROUND_KEYS;
 /// slice would).
 pub const FILTER_FIXED_SMEM: u32 = RADIX_FIXED_SMEM - RADIX_SLICE_BYTES;
 
-/// Dynamic shared memory of a filter CTA with a buffer of `cap` keys.
-pub const fn filter_smem_bytes(cap: u32) -> u32 {
-    FILTER_FIXED_SMEM + 8 * cap
+/// Bytes of a filter round's elements (f32): one stage of the staged
+/// filter kernel (sm_90 and newer), which streams the row into shared
+/// memory with bulk copies instead of registers.
+pub const FILTER_STAGE_BYTES: u32 = 4 * FILTER_ROUND_KEYS;
+/// Stages of the staged filter kernel: rounds in flight while one is
+/// filtered (`FILTER_STAGES - 1` of them, 96 KiB).
+pub const FILTER_STAGES: u32 = 4;
+/// The part of the radix layout the selects over the candidate buffer and
+/// the end of a row use as work space (the two histograms and the gather
+/// buffer): the staged kernel puts it in a stage that holds no round at
+/// the time (the stage of the round just filtered, before its refill).
+pub const FILTER_WORK_BYTES: u32 = 2 * BUCKETS * 4 + GATHER_CAP * 8;
+const _: () = assert!(FILTER_WORK_BYTES <= FILTER_STAGE_BYTES);
+/// Dynamic shared memory of a staged filter CTA before its candidate
+/// buffer: the stages, then the radix layout's scratch (its work space in
+/// the stages).
+pub const FILTER_STAGED_FIXED_SMEM: u32 =
+    FILTER_STAGES * FILTER_STAGE_BYTES + FILTER_FIXED_SMEM - FILTER_WORK_BYTES;
+
+/// The whole 16-byte groups of a row (of `end` slots, the first
+/// `misalign` before the row: see [`filter_select`]), `lo..hi`: every
+/// group but a first one the row starts inside and a last one it ends
+/// inside.
+#[inline(always)]
+pub fn filter_whole_groups(misalign: u32, end: u32) -> (u32, u32) {
+    (u32::from(misalign != 0), end / 4)
+}
+
+/// The groups the staged filter kernel bulk-copies for round `r` of such a
+/// row: `a..b`, the round's whole groups (none when `a >= b`), 16-byte
+/// aligned in global memory, copied to their places in the round's stage
+/// (group `a` at byte `16 (a - r FILTER_ROUND_GROUPS)`). The round's other
+/// groups inside the row are read slot by slot by their threads.
+#[inline(always)]
+pub fn filter_bulk_groups(misalign: u32, end: u32, r: u32) -> (u32, u32) {
+    let (lo, hi) = filter_whole_groups(misalign, end);
+    let first = r * FILTER_ROUND_GROUPS;
+    (first.max(lo), (first + FILTER_ROUND_GROUPS).min(hi))
+}
+
+/// Dynamic shared memory of a filter CTA with a buffer of `cap` keys:
+/// `staged` for the kernel of the sm_90 and newer modules (bulk copies
+/// into [`FILTER_STAGES`] stages), else the kernel of the sm_80 and sm_89
+/// modules (the row through registers).
+pub const fn filter_smem_bytes(cap: u32, staged: bool) -> u32 {
+    let fixed = if staged {
+        FILTER_STAGED_FIXED_SMEM
+    } else {
+        FILTER_FIXED_SMEM
+    };
+    fixed + 8 * cap
 }
 
 /// Whether the filter kernel compacts its candidate buffer after round
@@ -826,7 +874,9 @@ mod tests {
                 _ => {}
             }
             for top_k in [1, 10, 50, 1000, 1024, vocab as u32] {
-                for cap in [FILTER_MIN_CAP, FILTER_MAX_CAP] {
+                // The smallest buffer, the H200's staged one (227 KiB
+                // less the stages) and the largest.
+                for cap in [FILTER_MIN_CAP, 12_608, FILTER_MAX_CAP] {
                     let misalign = rng.below(4);
                     let f = filter_select(&r, top_k, cap, misalign);
                     assert_eq!(
@@ -842,6 +892,73 @@ mod tests {
             }
         }
         assert!(compactions > 0);
+    }
+
+    #[test]
+    fn filter_layouts() {
+        // A round of f32 per stage, 16-byte groups; the work space fits a
+        // stage; the staged layout (three rounds in flight) with the
+        // smallest buffer fits the 227 KiB a CTA of sm_90 can have.
+        assert_eq!(FILTER_STAGE_BYTES, 32_768);
+        assert_eq!(FILTER_STAGE_BYTES, 16 * FILTER_ROUND_GROUPS);
+        assert_eq!(FILTER_WORK_BYTES, FILTER_STAGE_BYTES);
+        assert_eq!((FILTER_STAGES - 1) * FILTER_STAGE_BYTES, 96 * 1024);
+        assert_eq!(FILTER_STAGED_FIXED_SMEM, 4 * 32_768 + 512);
+        assert_eq!(filter_smem_bytes(FILTER_MIN_CAP, true), 213_504);
+        assert!(filter_smem_bytes(FILTER_MIN_CAP, true) <= 232_448);
+        assert_eq!(filter_smem_bytes(FILTER_MAX_CAP, false), 164_352);
+        // The candidate buffer starts 16-byte aligned in both layouts.
+        assert_eq!(filter_smem_bytes(0, true) % 16, 0);
+        assert_eq!(filter_smem_bytes(0, false) % 16, 0);
+    }
+
+    #[test]
+    fn filter_bulk_copies_cover_each_element_once() {
+        // Every slot of the row, round by round, either in the round's bulk
+        // copy (whole groups only, inside the round and the row) or read
+        // by its thread slot by slot (the other groups below `groups`,
+        // slots inside the row), exactly once; nothing outside the row.
+        for misalign in 0..4u32 {
+            for vocab in [
+                1u32, 2, 3, 4, 5, 7, 8, 9, 8188, 8189, 8191, 8192, 8193, 8195, 16_380, 16_383,
+                16_384, 16_385, 40_003, 128_256, 151_936,
+            ] {
+                let end = misalign + vocab;
+                let groups = end.div_ceil(4);
+                let rounds = groups.div_ceil(FILTER_ROUND_GROUPS);
+                let (lo, hi) = filter_whole_groups(misalign, end);
+                let mut seen = std::vec![0u8; end as usize];
+                for r in 0..rounds {
+                    let first = r * FILTER_ROUND_GROUPS;
+                    let (a, b) = filter_bulk_groups(misalign, end, r);
+                    if a < b {
+                        assert!(a >= first && b <= first + FILTER_ROUND_GROUPS);
+                        assert!(4 * a >= misalign && 4 * b <= end);
+                        assert!(16 * (b - a) <= FILTER_STAGE_BYTES);
+                    }
+                    for g in first..first + FILTER_ROUND_GROUPS {
+                        let copied = g >= a && g < b;
+                        // The thread's choice (filter_stage_load).
+                        assert_eq!(copied, g >= lo && g < hi, "V={vocab} m={misalign} g={g}");
+                        for e in 0..4 {
+                            let slot = 4 * g + e;
+                            let inside = slot >= misalign && slot < end;
+                            if copied {
+                                assert!(inside);
+                                seen[slot as usize] += 1;
+                            } else if g < groups && inside {
+                                seen[slot as usize] += 1;
+                            }
+                        }
+                    }
+                }
+                assert!(seen[..misalign as usize].iter().all(|&n| n == 0));
+                assert!(
+                    seen[misalign as usize..].iter().all(|&n| n == 1),
+                    "V={vocab} m={misalign}"
+                );
+            }
+        }
     }
 
     #[test]

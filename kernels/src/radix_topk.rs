@@ -22,7 +22,9 @@
 //!   fallback of GPUs without clusters, runnable on every GPU).
 //!
 //! A third kernel, [`radix_topk_filter_f32`] (the large-batch route), runs
-//! one CTA per row with no chunk cache: it streams the row once, pushes
+//! one CTA per row with no chunk cache: it streams the row once (through
+//! registers on sm_80 and sm_89, by bulk copies into a ring of
+//! shared-memory stages from sm_90 on), pushes
 //! every key at or above a running threshold into a candidate buffer in
 //! shared memory and raises the threshold by a radix select over the
 //! buffer whenever the buffer fills (and once after the first round); a
@@ -43,7 +45,9 @@
 //! filter kernel: grid `(1, rows_in_flight)`, `args.chunk >= vocab`,
 //! `args.cache_slots` the candidate buffer's capacity in keys (at least
 //! [`FILTER_MIN_CAP`]) and dynamic shared memory
-//! [`filter_smem_bytes`]`(args.cache_slots)`.
+//! [`filter_smem_bytes`]`(args.cache_slots, staged)`, `staged` in the
+//! sm_90 and newer modules (whose filter kernel streams the row into
+//! shared memory by bulk copies).
 //!
 //! # Safety (caller)
 //! `probs` holds `batch` rows `row_stride` elements apart with `vocab`
@@ -64,7 +68,8 @@ use crate::arch;
 use crate::noise;
 use crate::philox;
 use crate::radix_select::{
-    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS, GATHER_CAP,
+    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS,
+    FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, RadixSelect, SLAB,
     before_draw, bitonic_pair, composite, composite_bits, composite_index, crossing_in_group,
     draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
@@ -116,34 +121,109 @@ const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_m
 const _: () = assert!(CANDIDATES_OFF == FILTER_FIXED_SMEM as usize);
 const _: () = assert!(CANDIDATES_OFF.is_multiple_of(16));
 const _: () = assert!(FILTER_ROUND_VECS == 4);
+const _: () = assert!(SCRATCH_OFF == FILTER_WORK_BYTES as usize);
+
+// The staged filter kernel (sm_90): FILTER_STAGES stages of a round each,
+// then the scratch and the candidate buffer at their usual offsets from
+// the base (STAGED_BASE bytes in).
+const STAGE_BYTES: usize = FILTER_STAGE_BYTES as usize;
+const STAGED_BASE: usize = FILTER_STAGES as usize * STAGE_BYTES - SCRATCH_OFF;
+/// The stages' full barriers (one u64 each), in the scratch after the
+/// control words (the other kernels leave these bytes unused).
+const MBAR_OFF: usize = SCRATCH_OFF + 256;
+const _: () = assert!(STAGE_BYTES == 16 * FILTER_ROUND_GROUPS as usize);
+const _: () = assert!(STAGE_BYTES.is_multiple_of(16) && STAGED_BASE.is_multiple_of(16));
+const _: () = assert!(STAGED_BASE + CANDIDATES_OFF == FILTER_STAGED_FIXED_SMEM as usize);
+const _: () = assert!(MBAR_OFF >= CTL_OFF + CTL_WORDS * 4 && MBAR_OFF.is_multiple_of(8));
+const _: () = assert!(MBAR_OFF + 8 * FILTER_STAGES as usize <= SLICE_OFF);
 
 /// The block's dynamic shared memory, by region.
 #[derive(Clone, Copy)]
-struct Smem(*mut u8);
+struct Smem {
+    /// The layout's base: the scratch, the slice, the cache and the
+    /// candidate buffer lie at their offsets from it.
+    base: *mut u8,
+    /// The work space: the histograms and the gather buffer lie at their
+    /// offsets from it (below [`SCRATCH_OFF`]). `base` except in the staged
+    /// filter kernel, where it is a stage that holds no round at the time.
+    work: *mut u8,
+}
 
 impl Smem {
     #[inline(always)]
     fn new() -> Smem {
-        Smem(arch::dynamic_shared::<Quad>() as *mut u8)
+        let p = arch::dynamic_shared::<Quad>() as *mut u8;
+        Smem { base: p, work: p }
     }
 
-    /// The region at byte offset `off`, as a `T` pointer.
+    /// The staged filter kernel's layout: [`FILTER_STAGES`] stages, then
+    /// the radix layout from its scratch on (`base` is placed so that the
+    /// scratch and the candidate buffer keep their offsets; nothing is
+    /// accessed through `base` below [`SCRATCH_OFF`]). The work space is
+    /// stage 0 until [`Smem::with_work`] moves it.
+    #[cfg(target_feature = "sm_90")]
+    #[inline(always)]
+    fn staged() -> Smem {
+        let p = arch::dynamic_shared::<Quad>() as *mut u8;
+        // SAFETY (of the offset): inside the staged layout (STAGED_BASE is
+        // below its size).
+        Smem {
+            base: unsafe { p.add(STAGED_BASE) },
+            work: p,
+        }
+    }
+
+    /// The same layout with its work space at `work`.
+    #[cfg(target_feature = "sm_90")]
+    #[inline(always)]
+    fn with_work(self, work: *mut u8) -> Smem {
+        Smem {
+            base: self.base,
+            work,
+        }
+    }
+
+    /// Stage `s` of the staged filter kernel (a round of f32, as groups).
+    #[cfg(target_feature = "sm_90")]
+    #[inline(always)]
+    fn stage(self, s: u32) -> *mut Quad {
+        let p = arch::dynamic_shared::<Quad>() as *mut u8;
+        // SAFETY (of the offset): `s < FILTER_STAGES`, inside the layout.
+        unsafe { p.add(s as usize * STAGE_BYTES) as *mut Quad }
+    }
+
+    /// The shared address of stage `s`'s full barrier (staged filter).
+    #[cfg(target_feature = "sm_90")]
+    #[inline(always)]
+    fn full(self, s: u32) -> u32 {
+        arch::smem_addr(self.region::<u64>(MBAR_OFF + 8 * s as usize))
+    }
+
+    /// The region at byte offset `off` from the base, as a `T` pointer.
     #[inline(always)]
     fn region<T>(self, off: usize) -> *mut T {
         // SAFETY (of the offset): every caller's offset is one of the
         // layout's regions, inside the dynamic shared memory.
-        unsafe { self.0.add(off) as *mut T }
+        unsafe { self.base.add(off) as *mut T }
+    }
+
+    /// The work space's region at byte offset `off`, as a `T` pointer.
+    #[inline(always)]
+    fn work_region<T>(self, off: usize) -> *mut T {
+        // SAFETY (of the offset): every caller's offset is one of the work
+        // space's regions (below SCRATCH_OFF).
+        unsafe { self.work.add(off) as *mut T }
     }
 
     /// The histogram of pass parity `parity` (0 or 1).
     #[inline(always)]
     fn hist(self, parity: u32) -> *mut u32 {
-        self.region(parity as usize * HIST_BYTES)
+        self.work_region(parity as usize * HIST_BYTES)
     }
 
     #[inline(always)]
     fn gather(self) -> *mut u64 {
-        self.region(GATHER_OFF)
+        self.work_region(GATHER_OFF)
     }
 
     #[inline(always)]
@@ -599,6 +679,16 @@ impl Chunk {
     #[inline(always)]
     fn valid(&self, s: u32) -> bool {
         s >= self.misalign && s < self.end
+    }
+
+    /// The groups whose four slots all hold elements of the chunk:
+    /// `lo..hi` ([`crate::radix_select::filter_whole_groups`]).
+    /// [`Chunk::load_raw`] reads these with one vector load, the others
+    /// slot by slot.
+    #[cfg(target_feature = "sm_90")]
+    #[inline(always)]
+    fn whole(&self) -> (u32, u32) {
+        crate::radix_select::filter_whole_groups(self.misalign, self.end)
     }
 
     /// The clean bits of group `g` read from global memory (0 for slots
@@ -1357,6 +1447,7 @@ const _: () = assert!(ROUND_ELEMS == 16);
 ///
 /// # Safety
 /// The launch contract (the row is readable).
+#[cfg(not(target_feature = "sm_90"))]
 #[inline(always)]
 unsafe fn filter_load(chunk: &Chunk, r: u32) -> [u32; ROUND_ELEMS] {
     let g = r * FILTER_ROUND_GROUPS + arch::thread_idx_x();
@@ -1594,12 +1685,16 @@ unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32
 /// the top keys, which are sorted, written and sampled as in
 /// [`radix_rows`]: the same slab and token bit for bit.
 ///
+/// This is the kernel of the sm_80 and sm_89 modules; from sm_90 on the
+/// rounds come through shared memory (the staged `filter_rows`).
+///
 /// # Safety
 /// The launch contract; `args.cache_slots >= FILTER_MIN_CAP` and the
-/// dynamic shared memory holds [`filter_smem_bytes`]`(args.cache_slots)`
-/// bytes.
+/// dynamic shared memory holds [`filter_smem_bytes`]`(args.cache_slots,
+/// false)` bytes.
 ///
 /// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
+#[cfg(not(target_feature = "sm_90"))]
 #[inline(always)]
 unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
     let smem = Smem::new();
@@ -1660,6 +1755,214 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 }
                 r += 1;
             }
+            let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
+            // The next row's counters and buffer are reused too.
+            finish_row(out, smem, row, k, n, args.mode);
+            row += arch::grid_dim_y();
+        }
+    }
+}
+
+/// The bulk copy of filter round `r` of `chunk` into stage `s`, issued by
+/// one thread: the round's whole groups
+/// ([`crate::radix_select::filter_bulk_groups`], 16-byte aligned in global
+/// memory) at their places in the stage, their bytes expected on the
+/// stage's full barrier. A round without whole groups (a row of one or two
+/// groups, or a last round of one partial group) completes the phase by
+/// the arrival alone. The round's other groups (at most the row's
+/// partial first and last) are read by their threads from global memory
+/// ([`filter_stage_load`]).
+///
+/// # Safety
+/// One thread calls it; every thread read stage `s` for the last time and
+/// fenced its writes to it ([`arch::fence_proxy_async_shared`]) before a
+/// block barrier this thread passed since; every round issued to the
+/// stage before was waited for (its barrier has no phase pending).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn filter_issue(chunk: &Chunk, smem: Smem, r: u32, s: u32) {
+    let first = r * FILTER_ROUND_GROUPS;
+    let (a, b) = crate::radix_select::filter_bulk_groups(chunk.misalign, chunk.end, r);
+    let bar = smem.full(s);
+    // SAFETY: groups `a..b` are whole groups of the row (readable, 16-byte
+    // aligned: group `g` is at `base + 16 g`, `base` 16-byte aligned by
+    // construction), `b - a <= FILTER_ROUND_GROUPS`, so they fit the stage
+    // from group `a - first` on (16-byte aligned); the caller's contract.
+    unsafe {
+        if a < b {
+            let bytes = 16 * (b - a);
+            arch::mbarrier_arrive_expect_tx(bar, bytes);
+            arch::cp_async_bulk_shared_global(
+                arch::smem_addr(smem.stage(s).add((a - first) as usize)),
+                chunk.base.add(4 * a as usize) as *const u8,
+                bytes,
+                bar,
+            );
+        } else {
+            arch::mbarrier_arrive(bar);
+        }
+    }
+}
+
+/// This thread's bit patterns of filter round `r`, the round's bulk copy
+/// complete in `stage`: element `4 j + e` is slot `e` of group `r
+/// FILTER_ROUND_GROUPS + tid + j THREADS`, as the register path's
+/// `filter_load` reads them: whole groups from the stage (one 16-byte
+/// shared load each; a warp reads 512 contiguous bytes, no bank
+/// conflict), the row's partial first and last groups from global memory
+/// slot by slot (0 outside the row), 0 past the row.
+///
+/// # Safety
+/// The launch contract; `stage` holds round `r` ([`filter_issue`], its
+/// phase waited for).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn filter_stage_load(chunk: &Chunk, stage: *const Quad, r: u32) -> [u32; ROUND_ELEMS] {
+    let tid = arch::thread_idx_x();
+    let (lo, hi) = chunk.whole();
+    let first = r * FILTER_ROUND_GROUPS;
+    let g = first + tid;
+    // SAFETY: stage groups below FILTER_ROUND_GROUPS that the copy wrote
+    // (whole groups of the round); other groups below `groups` only.
+    let (a, b, c, d) = unsafe {
+        if g >= lo && g + 3 * THREADS < hi {
+            // All four groups whole (every round but a row's first and
+            // last): four shared loads back to back.
+            let at = |j: u32| (*stage.add((tid + j * THREADS) as usize)).0;
+            (at(0), at(1), at(2), at(3))
+        } else {
+            let load = |j: u32| {
+                let i = tid + j * THREADS;
+                let g = first + i;
+                if g >= lo && g < hi {
+                    (*stage.add(i as usize)).0
+                } else if g < chunk.groups {
+                    chunk.load_raw(g)
+                } else {
+                    [0; 4]
+                }
+            };
+            (load(0), load(1), load(2), load(3))
+        }
+    };
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
+    ]
+}
+
+/// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`, one CTA
+/// per row, the rounds streamed through shared memory (sm_90 and newer):
+/// the same rounds, pushes, compactions, final select and end of row as the
+/// register path's `filter_rows` (so the same slab and token bit for bit),
+/// but each round's whole groups come by one bulk copy into a stage of a
+/// ring of [`FILTER_STAGES`], so that the copies of the next
+/// `FILTER_STAGES - 1` rounds (96 KiB) are in flight while a round is
+/// filtered, without registers.
+///
+/// Thread 0 issues a row's first rounds at its start and round `r +
+/// FILTER_STAGES` into the stage of round `r` once every thread has read it
+/// (after the block barrier that ends round `r`'s pushes, and after the
+/// compaction, if any: its histograms and gather buffer borrow that stage,
+/// [`Smem::with_work`]; the final select and the end of the row borrow
+/// stage 0, every round having been read by then). The CTA's `n`-th round
+/// (over its rows) uses stage `n % FILTER_STAGES` and waits for phase
+/// `n / FILTER_STAGES` of its full barrier (parity `(n / FILTER_STAGES) %
+/// 2`): it was issued after the wait for phase `n / FILTER_STAGES - 1`, so
+/// no wait is ever more than one phase ahead of the barrier.
+///
+/// # Safety
+/// The launch contract; `args.cache_slots >= FILTER_MIN_CAP` and the
+/// dynamic shared memory holds [`filter_smem_bytes`]`(args.cache_slots,
+/// true)` bytes.
+///
+/// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    let smem = Smem::staged();
+    let tid = arch::thread_idx_x();
+    let cap = args.cache_slots;
+    let mut parity = 0;
+    // Rounds this CTA has waited for, over its rows.
+    let mut seq = 0u32;
+    let mut row = arch::block_idx_y();
+    // SAFETY: the launch contract covers every access below; control flow
+    // depends only on values every thread computes alike (uniform).
+    unsafe {
+        if tid == 0 {
+            let mut s = 0;
+            while s < FILTER_STAGES {
+                arch::mbarrier_init(smem.full(s), 1);
+                s += 1;
+            }
+            // Published to the other threads by the row's first barrier.
+            arch::fence_mbarrier_init();
+        }
+        while row < args.batch {
+            let row_ptr = probs.add(row as usize * args.row_stride as usize);
+            let chunk = Chunk::new(row_ptr, 0, args);
+            let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
+            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
+            // Round r counts its pushes in word CTL_FILL + r % 3 (as in
+            // the register path).
+            if tid == 0 {
+                core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
+                core::ptr::write_volatile(smem.ctl(CTL_FILL + 1), 0);
+            }
+            // The previous row's final select and end wrote stage 0 (its
+            // work space); the copies below overwrite it.
+            arch::fence_proxy_async_shared();
+            arch::bar_sync();
+            if tid == 0 {
+                let mut j = 0;
+                while j < rounds && j < FILTER_STAGES {
+                    filter_issue(&chunk, smem, j, (seq + j) % FILTER_STAGES);
+                    j += 1;
+                }
+            }
+            let mut t = 0u64;
+            let mut count = 0u32;
+            let mut compacted = false;
+            let mut fill = 0usize;
+            let mut r = 0;
+            while r < rounds {
+                let s = seq % FILTER_STAGES;
+                arch::mbarrier_wait_parity(smem.full(s), (seq / FILTER_STAGES) & 1);
+                let v = filter_stage_load(&chunk, smem.stage(s), r);
+                let word = smem.ctl(CTL_FILL + fill);
+                filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
+                arch::bar_sync();
+                count = count
+                    .saturating_add(core::ptr::read_volatile(word))
+                    .min(cap);
+                if tid == 0 {
+                    core::ptr::write_volatile(smem.ctl(CTL_FILL + (fill + 2) % 3), 0);
+                }
+                fill = (fill + 1) % 3;
+                if filter_compacts(r, rounds, count, cap, compacted) {
+                    // Stage s is read: the compaction works in it.
+                    let work = smem.with_work(smem.stage(s) as *mut u8);
+                    let (threshold, kept) = filter_narrow(work, count, k, t, &mut parity);
+                    let mut i = tid;
+                    while i < kept {
+                        *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
+                        i += THREADS;
+                    }
+                    // Its writes to the stage come before the refill.
+                    arch::fence_proxy_async_shared();
+                    arch::bar_sync();
+                    t = threshold;
+                    count = kept;
+                    compacted = true;
+                }
+                if tid == 0 && r + FILTER_STAGES < rounds {
+                    filter_issue(&chunk, smem, r + FILTER_STAGES, s);
+                }
+                seq += 1;
+                r += 1;
+            }
+            // Every round issued was waited for: stage 0 is free.
             let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
             // The next row's counters and buffer are reused too.
             finish_row(out, smem, row, k, n, args.mode);
