@@ -971,24 +971,37 @@ fn sanitize_radix_paths() {
     }
     // The filter route over several rounds: compactions after the first
     // round and whenever the buffer fills (the ascending row: after every
-    // round but the last). (Its CTAs looping over rows: the 1000-row
-    // batches of `radix_matches_float64_reference`.)
+    // round but the last). Five rounds: the staged kernel (sm_90 on)
+    // refills each of its four stages, and its compactions borrow them.
+    // Rows starting at every offset mod 4 (strides 40005 and 40003) and
+    // ending inside a 16-byte group (its partial first and last groups read
+    // by threads, the rest by bulk copies); rows of 8193 to 8196 slots
+    // (a last round of one partial group: no bulk copy, or of one 16-byte
+    // group); more rows than CTAs (the stages' barriers carried across
+    // rows). (The 1000-row batches of `radix_matches_float64_reference`
+    // loop the CTAs over many rows too.)
     if dev.radix_caps().unwrap().filter_ctas_per_sm > 0 {
-        let (vocab, stride, batch) = (40_003, 40_005, 3);
-        let mut b = Batch::random(&mut rng, batch, vocab, stride);
-        let mut row: Vec<f32> = b.row(1).to_vec();
-        row.sort_by_key(|x| prob_bits(*x));
-        b.probs[stride..stride + vocab].copy_from_slice(&row);
-        b.top_k[1] = 50;
-        let slab = slab_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
-        let tokens = tokens_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
-        coverage.case(&["radix_topk_filter_f32"]);
-        coverage.case(&["radix_topk_filter_f32"]);
-        for r in 0..batch {
-            let res = b.check(r, &slab, &tokens);
-            report.check(res.is_ok(), || {
-                format!("{} filter, long rows: {}", b.what(r), res.unwrap_err())
-            });
+        for (vocab, stride, batch) in [
+            (40_003, 40_005, 3),
+            (40_001, 40_003, 4),
+            (8193, 8195, 4),
+            (9000, 9001, 300),
+        ] {
+            let mut b = Batch::random(&mut rng, batch, vocab, stride);
+            let mut row: Vec<f32> = b.row(1).to_vec();
+            row.sort_by_key(|x| prob_bits(*x));
+            b.probs[stride..stride + vocab].copy_from_slice(&row);
+            b.top_k[1] = 50;
+            let slab = slab_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
+            let tokens = tokens_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
+            coverage.case(&["radix_topk_filter_f32"]);
+            coverage.case(&["radix_topk_filter_f32"]);
+            for r in 0..batch {
+                let res = b.check(r, &slab, &tokens);
+                report.check(res.is_ok(), || {
+                    format!("{} filter, long rows: {}", b.what(r), res.unwrap_err())
+                });
+            }
         }
     }
     // k > SLAB: ln p, then the Qrita sampler.
