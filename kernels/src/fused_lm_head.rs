@@ -478,8 +478,9 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
     // bits do not depend on the batch tile.
     #[cfg(target_feature = "sm_90a")]
     {
+        let (warp, wb) = warp_place::<NT, T>();
         // SAFETY: forwarded.
-        unsafe { wgmma_stage::<M, NT, MT, T>(stage, acc) };
+        unsafe { wgmma_stage::<M, NT, MT>(stage, acc, warp, wb) };
         return;
     }
     let lane = arch::thread_idx_x() % 32;
@@ -512,8 +513,9 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 
 /// [`mma_stage`] on sm_90a: each warpgroup (four consecutive warps, the
 /// same place in every tile of the step) issues one `wgmma.m64n(8NT)k16`
-/// per tile and k16 step: its 64 vocabulary rows (`warp % 8 / 4` picks the
-/// half of the tile) against its `8 * NT` batch rows, both operands read
+/// per tile and k16 step: its 64 vocabulary rows (`warp / 4` of the warp's
+/// place `warp` in the tile, see [`warp_place`]) against its `8 * NT` batch
+/// rows from `wb`, both operands read
 /// from the stage through 128-byte-swizzle descriptors (the stages' own
 /// layout), then waits for them. The accumulators come out in the warps'
 /// `mma.sync` layout, so staging and epilogue are shared.
@@ -524,11 +526,12 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
 /// block's barrier.
 #[cfg(target_feature = "sm_90a")]
 #[inline(always)]
-unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
+unsafe fn wgmma_stage<M: Mma, const NT: usize, const MT: usize>(
     stage: u32,
     acc: &mut [[[f32; 4]; NT]; MT],
+    warp: u32,
+    wb: u32,
 ) {
-    let (warp, wb) = warp_place::<NT, T>();
     let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
     let b0 = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
     arch::wgmma_fence();
@@ -1141,7 +1144,8 @@ unsafe fn fused_sample_ws<M: Mma, const NB: u32, const NT: usize>(
             // proxy: they were written by it).
             unsafe {
                 arch::mbarrier_wait_parity(full(s), (use_ / stages) & 1);
-                wgmma_stage::<M, NT, MT, T>(smem0 + s * stage_bytes, &mut acc);
+                let (w, b) = warp_place::<NT, T>();
+                wgmma_stage::<M, NT, MT>(smem0 + s * stage_bytes, &mut acc, w, b);
             }
             // The k-block's `wgmma` have completed: its stage goes back to
             // the producer.
@@ -1365,7 +1369,7 @@ unsafe fn pp_group<
         if n > 0 {
             arch::bar_sync_named::<MMA_TAKE, { FUSED_WS_CONSUMERS }>();
         }
-        let mut acc = [[0.0f32; 4]; NT];
+        let mut acc = [[[0.0f32; 4]; NT]; 1];
         let mut kb = 0;
         while kb < a.nk {
             let u = n * a.nk + kb;
@@ -1373,7 +1377,7 @@ unsafe fn pp_group<
             // SAFETY: as in fused_sample_ws.
             unsafe {
                 arch::mbarrier_wait_parity(full(s), (u / stages) & 1);
-                wgmma_tile::<M, NT>(smem0 + s * stage_bytes, &mut acc, warp);
+                wgmma_stage::<M, NT, 1>(smem0 + s * stage_bytes, &mut acc, warp, 0);
             }
             if lane == 0 {
                 // SAFETY: an initialised barrier.
@@ -1384,15 +1388,14 @@ unsafe fn pp_group<
         if hands_over {
             arch::bar_arrive_named::<MMA_GIVE, { FUSED_WS_CONSUMERS }>();
         }
-        arch::wgmma_wait_all();
-        fence_acc(&mut acc);
+        wgmma_drain(&mut acc);
         // The staging, once the other group's epilogue of step n - 1 is
         // done with it.
         if n > 0 {
             arch::bar_sync_named::<TAKE, { FUSED_WS_CONSUMERS }>();
         }
         // SAFETY: rows 0 .. 128 of the staging (rows of FUSED_BLOCK_V words).
-        unsafe { stage_tile::<NT, true>(warp, lane, &acc, cs, 0, v0, lo, bias_g, p) };
+        unsafe { stage_tile::<NT, true>(warp, lane, &acc[0], cs, 0, v0, lo, bias_g, p) };
         arch::bar_sync_named::<OWN, GT>();
         let mut e = 0;
         while e < 2 {
@@ -1422,37 +1425,6 @@ unsafe fn pp_group<
         n += 2;
         step += 2 * ctas;
     }
-}
-
-/// One `wgmma.m64nNk16` a k16 step of a k-block (`N = 8 NT`) for warp
-/// `warp` of a [`fused_sample_pp`] group: its warpgroup's 64 vocabulary
-/// rows (`warp / 4`) against the stage's batch rows, then waits for them.
-///
-/// # Safety
-/// As [`wgmma_stage`].
-#[cfg(target_feature = "sm_90a")]
-#[inline(always)]
-unsafe fn wgmma_tile<M: Mma, const NT: usize>(stage: u32, acc: &mut [[f32; 4]; NT], warp: u32) {
-    let a0 = stage + (warp / 4) * 64 * ROW_BYTES;
-    let b0 = stage + FUSED_BLOCK_V * ROW_BYTES;
-    arch::wgmma_fence();
-    fence_acc(acc);
-    let (a, b) = (
-        arch::wgmma_desc_k_major_sw128(a0),
-        arch::wgmma_desc_k_major_sw128(b0),
-    );
-    unroll8!(FUSED_BLOCK_K as usize / 16, kk => {
-        let k = 32 * kk as u32;
-        // SAFETY: the caller's contract; warpgroup-uniform descriptors.
-        unsafe {
-            M::wgmma(
-                acc,
-                arch::wgmma_desc_offset(a, k),
-                arch::wgmma_desc_offset(b, k),
-            )
-        };
-    });
-    arch::wgmma_commit_wait::<0>();
 }
 
 /// One role's share of a tile's epilogue: its row's 32 tokens of slot
