@@ -73,7 +73,7 @@ use crate::radix_select::{
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, RadixSelect, SLAB,
     before_draw, bitonic_pair, composite, composite_bits, composite_index, crossing_in_group,
     draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
-    slab_len, top_p_keeps, top_p_threshold,
+    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1513,14 +1513,16 @@ unsafe fn filter_reserve(fill: u32, total: u32) -> u32 {
 /// Pushes this thread's keys of round `r` (`v`) that are `>= t` to the
 /// candidate buffer, after its first `at` keys (below `cap`).
 ///
-/// The test is [`filter_pushes`]. While `t` has no value bits (the first
-/// round, and rows whose k-th key has no mass) it compares exact keys, and
-/// each element's keys take consecutive positions across the warp (one
-/// ballot each: the first round pushes every element, and this layout has
-/// no bank conflicts). Later it is two integer operations on the bit
-/// pattern; a warp whose lanes have no candidate (most of them, once `t`
-/// is selective) skips the rest, the others reserve their positions by a
-/// warp scan.
+/// The test is [`filter_pushes`]. While `t` has no value bits (rows whose
+/// first round's crossing bucket is the zero bucket: fewer than `k`
+/// positive values) it compares exact keys, and each element's keys take
+/// consecutive positions across the warp (one ballot each: such a round
+/// pushes most elements, and this layout has no bank conflicts). Later it
+/// is two integer operations on the bit pattern, and the few threads with
+/// candidates (a selective `t` passes about `k` keys of a round's 8192)
+/// reserve their positions with one shared atomic each and store only
+/// their candidates, one loop turn each ([`pick_elem`]), instead of the
+/// whole warp visiting all sixteen elements.
 ///
 /// # Safety
 /// Every thread of the block calls it with the same `r`, `t`, `at`, `cap`
@@ -1581,22 +1583,87 @@ unsafe fn filter_push(
                     mask |= 1 << i;
                 }
             });
-            if arch::ballot(mask != 0) == 0 {
-                return;
-            }
-            let n = mask.count_ones();
-            let inc = warp_inclusive_sum(n);
-            let base = filter_reserve(fill, arch::shfl_idx_u32(inc, 31));
-            let mut p = at + base + inc - n;
-            each_elem!(i, {
-                if mask & (1 << i) != 0 {
+            if mask != 0 {
+                let mut p = at + arch::atom_shared_add_u32(fill, mask.count_ones());
+                while mask != 0 {
+                    let i = mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
                     if p < cap {
-                        *buf.add(p as usize) = key(i);
+                        *buf.add(p as usize) = composite(
+                            prob_bits(f32::from_bits(pick_elem(v, i))),
+                            chunk.first.wrapping_add(filter_slot(r, i)),
+                        );
                     }
                     p += 1;
                 }
-            });
+            }
         }
+    }
+}
+
+/// Element `i` (< [`ROUND_ELEMS`]) of a round, `i` not a constant: a tree
+/// of selects on its bits, so that the round stays in registers (an
+/// indexed read would put it in local memory).
+#[inline(always)]
+fn pick_elem(v: &[u32; ROUND_ELEMS], i: usize) -> u32 {
+    let pick = |a: u32, b: u32, bit: usize| if i & bit != 0 { b } else { a };
+    let l1 = [
+        pick(v[0], v[1], 1),
+        pick(v[2], v[3], 1),
+        pick(v[4], v[5], 1),
+        pick(v[6], v[7], 1),
+        pick(v[8], v[9], 1),
+        pick(v[10], v[11], 1),
+        pick(v[12], v[13], 1),
+        pick(v[14], v[15], 1),
+    ];
+    let l2 = [
+        pick(l1[0], l1[1], 2),
+        pick(l1[2], l1[3], 2),
+        pick(l1[4], l1[5], 2),
+        pick(l1[6], l1[7], 2),
+    ];
+    pick(pick(l2[0], l2[1], 4), pick(l2[2], l2[3], 4), 8)
+}
+
+/// The threshold the first round of a row starts from: the lowest key of
+/// the crossing bucket of the top `k` among the round's first digits (one
+/// histogram of the round in registers and the block's crossing), 0 when
+/// that bucket is the zero bucket. At least `k` keys of the round, so of
+/// the row, are at or above it (the bucket and those above hold `k` or
+/// more), so it never exceeds the row's `k`-th key; it is the threshold
+/// the first pass of [`filter_narrow`] over the round's keys would give
+/// when that pass settles (its crossing bucket and those above fit
+/// [`GATHER_CAP`]), and lower otherwise (a crowded bucket: the round's
+/// pushes then exceed `GATHER_CAP` and the compaction after the round
+/// refines it) ([`crate::radix_select::filter_seed`]).
+///
+/// # Safety
+/// Every thread of the block calls it with the same arguments; the
+/// histograms of `smem` are free (no thread reads or writes them until
+/// the call returns).
+#[inline(always)]
+unsafe fn filter_seed(
+    chunk: &Chunk,
+    smem: Smem,
+    v: &[u32; ROUND_ELEMS],
+    k: u32,
+    parity: &mut u32,
+) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        clear_hist(smem, *parity);
+        let mut counter = RunCounter::new(smem.hist(*parity));
+        each_elem!(i, {
+            if chunk.valid(filter_slot(0, i)) {
+                counter.add(first_digit(prob_bits(f32::from_bits(v[i]))));
+            }
+        });
+        counter.flush();
+        Solo.share(smem, *parity);
+        let crossing = find_crossing(&Solo, smem, *parity, k);
+        *parity ^= 1;
+        seed_threshold(crossing.digit)
     }
 }
 
@@ -1730,6 +1797,9 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 let v = next;
                 if r + 1 < rounds {
                     next = filter_load(&chunk, r + 1);
+                }
+                if r == 0 {
+                    t = filter_seed(&chunk, smem, &v, k, &mut parity);
                 }
                 let word = smem.ctl(CTL_FILL + fill);
                 filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
@@ -1930,6 +2000,15 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 let s = seq % FILTER_STAGES;
                 arch::mbarrier_wait_parity(smem.full(s), (seq / FILTER_STAGES) & 1);
                 let v = filter_stage_load(&chunk, smem.stage(s), r);
+                if r == 0 {
+                    // Every thread has read the stage: the histogram
+                    // borrows it, and its writes come before the refill
+                    // (issued after the round's barrier).
+                    arch::bar_sync();
+                    let work = smem.with_work(smem.stage(s) as *mut u8);
+                    t = filter_seed(&chunk, work, &v, k, &mut parity);
+                    arch::fence_proxy_async_shared();
+                }
                 let word = smem.ctl(CTL_FILL + fill);
                 filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
                 arch::bar_sync();
