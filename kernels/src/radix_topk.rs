@@ -1737,6 +1737,137 @@ unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32
     }
 }
 
+/// A row of the filter kernel: its shape and running state.
+struct FilterRow {
+    /// Keys to select (`slab_len`).
+    k: u32,
+    /// The candidate buffer's capacity in keys.
+    cap: u32,
+    /// Rounds of the row.
+    rounds: u32,
+    /// The running threshold.
+    t: u64,
+    /// Keys in the candidate buffer.
+    count: u32,
+    /// Whether the buffer was compacted in this row.
+    compacted: bool,
+    /// The current round's counter word (`CTL_FILL + fill`).
+    fill: usize,
+}
+
+impl FilterRow {
+    #[inline(always)]
+    fn new(k: u32, cap: u32, rounds: u32) -> FilterRow {
+        FilterRow {
+            k,
+            cap,
+            rounds,
+            t: 0,
+            count: 0,
+            compacted: false,
+            fill: 0,
+        }
+    }
+}
+
+/// Round `r` of a row once its elements `v` are in every
+/// thread's registers: on the first round the seed ([`filter_seed`]), then
+/// the push, the block barrier that ends the round, and the compaction
+/// when [`filter_compacts`] says. The seed's and the compaction's
+/// histograms and gather buffer are `work`'s. In the staged kernel (sm_90
+/// and newer) `work` is the round's stage: the seed first waits at a block
+/// barrier for every thread's reads of it, and both fence their writes to
+/// it before the block barrier after which it is refilled.
+///
+/// # Safety
+/// Every thread of the block calls it with the same arguments but `v`;
+/// `work`'s histograms and gather buffer are free.
+#[inline(always)]
+unsafe fn filter_round(
+    chunk: &Chunk,
+    smem: Smem,
+    work: Smem,
+    r: u32,
+    v: &[u32; ROUND_ELEMS],
+    st: &mut FilterRow,
+    parity: &mut u32,
+) {
+    let tid = arch::thread_idx_x();
+    let (k, cap) = (st.k, st.cap);
+    // SAFETY: the caller's contract; round r counts its pushes in word
+    // CTL_FILL + r % 3, zeroed two rounds ahead, after the barrier that
+    // ends the reads of its previous use, and before the barrier that
+    // starts its round.
+    unsafe {
+        if r == 0 {
+            #[cfg(target_feature = "sm_90")]
+            arch::bar_sync();
+            st.t = filter_seed(chunk, work, v, k, parity);
+            #[cfg(target_feature = "sm_90")]
+            arch::fence_proxy_async_shared();
+        }
+        let word = smem.ctl(CTL_FILL + st.fill);
+        filter_push(
+            chunk,
+            smem,
+            r,
+            v,
+            st.t,
+            st.count,
+            cap,
+            arch::smem_addr(word),
+        );
+        arch::bar_sync();
+        st.count = st
+            .count
+            .saturating_add(core::ptr::read_volatile(word))
+            .min(cap);
+        if tid == 0 {
+            core::ptr::write_volatile(smem.ctl(CTL_FILL + (st.fill + 2) % 3), 0);
+        }
+        st.fill = (st.fill + 1) % 3;
+        if filter_compacts(r, st.rounds, st.count, cap, st.compacted) {
+            let (threshold, kept) = filter_narrow(work, st.count, k, st.t, parity);
+            let mut i = tid;
+            while i < kept {
+                *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
+                i += THREADS;
+            }
+            #[cfg(target_feature = "sm_90")]
+            arch::fence_proxy_async_shared();
+            arch::bar_sync();
+            st.t = threshold;
+            st.count = kept;
+            st.compacted = true;
+        }
+    }
+}
+
+/// The end of a filter row after its last round: the final select over the
+/// candidate buffer (its histograms and gather buffer `smem`'s) and
+/// [`finish_row`], which ends with the barrier after which the next row
+/// reuses the counters and the buffer.
+///
+/// # Safety
+/// Every thread of the block calls it with the same arguments; every round
+/// of the row was filtered ([`filter_round`]); the output pointers of
+/// `mode` hold the row.
+#[inline(always)]
+unsafe fn filter_end_row(
+    out: &Outputs,
+    smem: Smem,
+    row: u32,
+    st: &FilterRow,
+    parity: &mut u32,
+    mode: u32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (_, n) = filter_narrow(smem, st.count, st.k, st.t, parity);
+        finish_row(out, smem, row, st.k, n, mode);
+    }
+}
+
 /// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`, one CTA
 /// per row: the row streamed once in rounds of [`FILTER_ROUND_VECS`]
 /// vectors per thread (the next round's loads issued before the current
@@ -1779,55 +1910,23 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
             // The first round's loads go out before anything waits.
             let mut next = filter_load(&chunk, 0);
             let k = slab_len(*out.top_k.add(row as usize), args.vocab);
-            // Round r counts its pushes in word CTL_FILL + r % 3: zeroed
-            // two rounds ahead, after the barrier that ends the reads of
-            // its previous use, and before the barrier that starts its
-            // round.
+            // The first two rounds' counter words ([`filter_round`]).
             if tid == 0 {
                 core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
                 core::ptr::write_volatile(smem.ctl(CTL_FILL + 1), 0);
             }
             arch::bar_sync();
-            let mut t = 0u64;
-            let mut count = 0u32;
-            let mut compacted = false;
-            let mut fill = 0usize;
+            let mut st = FilterRow::new(k, cap, rounds);
             let mut r = 0;
             while r < rounds {
                 let v = next;
                 if r + 1 < rounds {
                     next = filter_load(&chunk, r + 1);
                 }
-                if r == 0 {
-                    t = filter_seed(&chunk, smem, &v, k, &mut parity);
-                }
-                let word = smem.ctl(CTL_FILL + fill);
-                filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
-                arch::bar_sync();
-                count = count
-                    .saturating_add(core::ptr::read_volatile(word))
-                    .min(cap);
-                if tid == 0 {
-                    core::ptr::write_volatile(smem.ctl(CTL_FILL + (fill + 2) % 3), 0);
-                }
-                fill = (fill + 1) % 3;
-                if filter_compacts(r, rounds, count, cap, compacted) {
-                    let (threshold, kept) = filter_narrow(smem, count, k, t, &mut parity);
-                    let mut i = tid;
-                    while i < kept {
-                        *smem.candidates().add(i as usize) = *smem.gather().add(i as usize);
-                        i += THREADS;
-                    }
-                    arch::bar_sync();
-                    t = threshold;
-                    count = kept;
-                    compacted = true;
-                }
+                filter_round(&chunk, smem, smem, r, &v, &mut st, &mut parity);
                 r += 1;
             }
-            let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
-            // The next row's counters and buffer are reused too.
-            finish_row(out, smem, row, k, n, args.mode);
+            filter_end_row(out, smem, row, &st, &mut parity, args.mode);
             row += arch::grid_dim_y();
         }
     }
@@ -1974,8 +2073,7 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
             let chunk = Chunk::new(row_ptr, 0, args);
             let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
             let k = slab_len(*out.top_k.add(row as usize), args.vocab);
-            // Round r counts its pushes in word CTL_FILL + r % 3 (as in
-            // the register path).
+            // The first two rounds' counter words ([`filter_round`]).
             if tid == 0 {
                 core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
                 core::ptr::write_volatile(smem.ctl(CTL_FILL + 1), 0);
@@ -1991,50 +2089,16 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                     j += 1;
                 }
             }
-            let mut t = 0u64;
-            let mut count = 0u32;
-            let mut compacted = false;
-            let mut fill = 0usize;
+            let mut st = FilterRow::new(k, cap, rounds);
             let mut r = 0;
             while r < rounds {
                 let s = seq % FILTER_STAGES;
                 arch::mbarrier_wait_parity(smem.full(s), (seq / FILTER_STAGES) & 1);
                 let v = filter_stage_load(&chunk, smem.stage(s), r);
-                if r == 0 {
-                    // Every thread has read the stage: the histogram
-                    // borrows it, and its writes come before the refill
-                    // (issued after the round's barrier).
-                    arch::bar_sync();
-                    let work = smem.with_work(smem.stage(s) as *mut u8);
-                    t = filter_seed(&chunk, work, &v, k, &mut parity);
-                    arch::fence_proxy_async_shared();
-                }
-                let word = smem.ctl(CTL_FILL + fill);
-                filter_push(&chunk, smem, r, &v, t, count, cap, arch::smem_addr(word));
-                arch::bar_sync();
-                count = count
-                    .saturating_add(core::ptr::read_volatile(word))
-                    .min(cap);
-                if tid == 0 {
-                    core::ptr::write_volatile(smem.ctl(CTL_FILL + (fill + 2) % 3), 0);
-                }
-                fill = (fill + 1) % 3;
-                if filter_compacts(r, rounds, count, cap, compacted) {
-                    // Stage s is read: the compaction works in it.
-                    let work = smem.with_work(smem.stage(s) as *mut u8);
-                    let (threshold, kept) = filter_narrow(work, count, k, t, &mut parity);
-                    let mut i = tid;
-                    while i < kept {
-                        *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
-                        i += THREADS;
-                    }
-                    // Its writes to the stage come before the refill.
-                    arch::fence_proxy_async_shared();
-                    arch::bar_sync();
-                    t = threshold;
-                    count = kept;
-                    compacted = true;
-                }
+                // Stage s is read once the round's elements are in
+                // registers: the seed and the compaction work in it.
+                let work = smem.with_work(smem.stage(s) as *mut u8);
+                filter_round(&chunk, smem, work, r, &v, &mut st, &mut parity);
                 if tid == 0 && r + FILTER_STAGES < rounds {
                     filter_issue(&chunk, smem, r + FILTER_STAGES, s);
                 }
@@ -2042,9 +2106,7 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 r += 1;
             }
             // Every round issued was waited for: stage 0 is free.
-            let (_, n) = filter_narrow(smem, count, k, t, &mut parity);
-            // The next row's counters and buffer are reused too.
-            finish_row(out, smem, row, k, n, args.mode);
+            filter_end_row(out, smem, row, &st, &mut parity, args.mode);
             row += arch::grid_dim_y();
         }
     }
