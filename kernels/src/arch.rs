@@ -47,6 +47,15 @@ pub fn bar_sync() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// `bar.warp.sync` over the full warp: every lane must reach it; the
+/// lanes' memory accesses before it are ordered before their accesses
+/// after it (a block barrier for one warp's shared-memory exchanges).
+#[inline(always)]
+pub fn bar_warp_sync() {
+    // SAFETY: a warp-wide barrier; callers reach it with every lane.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}
+
 /// `shfl.sync.bfly.b32` over the full warp: every lane must execute it.
 ///
 /// Deliberately not `pure`: a pure `asm!` may be sunk by LLVM into a branch

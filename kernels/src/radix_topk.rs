@@ -266,15 +266,11 @@ impl Smem {
 // Block scans.
 // ---------------------------------------------------------------------------
 
-/// The exclusive prefix sum of `v` over the block's threads in thread
-/// order, and the block's total (integer sums: exact in any order).
-///
-/// # Safety
-/// Every thread of the block calls it; the scratch is not used meanwhile.
+/// The inclusive prefix sum of `v` over the lanes of the warp (integer
+/// sums: exact in any order); every lane calls it.
 #[inline(always)]
-unsafe fn block_scan(v: u64, smem: Smem) -> (u64, u64) {
-    let tid = arch::thread_idx_x();
-    let lane = tid % 32;
+fn warp_inclusive_scan(v: u64) -> u64 {
+    let lane = arch::thread_idx_x() % 32;
     let mut inc = v;
     let mut d = 1;
     while d < 32 {
@@ -285,6 +281,29 @@ unsafe fn block_scan(v: u64, smem: Smem) -> (u64, u64) {
         }
         d <<= 1;
     }
+    inc
+}
+
+/// The exclusive prefix sum of `v` over the lanes of the warp and the
+/// warp's total; every lane calls it.
+#[inline(always)]
+fn warp_scan(v: u64) -> (u64, u64) {
+    let inc = warp_inclusive_scan(v);
+    let lo = arch::shfl_idx_u32(inc as u32, 31);
+    let hi = arch::shfl_idx_u32((inc >> 32) as u32, 31);
+    (inc.wrapping_sub(v), (u64::from(hi) << 32) | u64::from(lo))
+}
+
+/// The exclusive prefix sum of `v` over the block's threads in thread
+/// order, and the block's total (integer sums: exact in any order).
+///
+/// # Safety
+/// Every thread of the block calls it; the scratch is not used meanwhile.
+#[inline(always)]
+unsafe fn block_scan(v: u64, smem: Smem) -> (u64, u64) {
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let inc = warp_inclusive_scan(v);
     let partials = smem.warp_partials();
     // SAFETY: WARPS partial slots in the scratch; the barriers separate the
     // writes from the reads and the reads from the next call's writes.
@@ -1137,7 +1156,12 @@ unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: 
 }
 
 /// Sorts the first `n` gathered keys descending (bitonic network over the
-/// next power of two, padded with 0, below every key).
+/// next power of two, padded with 0, below every key). A step of stride at
+/// most 32 compares only entries of its warp's own 64-entry windows (pair
+/// `i` touches `2 i - i % stride` and `stride` above, and a warp holds 32
+/// consecutive pairs), so two such steps in a row meet at a warp barrier;
+/// the others at a block barrier (a sort of up to 64 keys, the usual slab
+/// of k <= 50, runs on warp barriers alone).
 ///
 /// # Safety
 /// Every thread of the block calls it; `n <= GATHER_CAP`.
@@ -1150,8 +1174,9 @@ unsafe fn sort_gathered(smem: Smem, n: u32) {
     } else {
         1u32 << (32 - (n - 1).leading_zeros())
     };
-    // SAFETY: positions below n_pow2 <= GATHER_CAP; a barrier after the
-    // padding and after every step.
+    // SAFETY: positions below n_pow2 <= GATHER_CAP; a block barrier after
+    // the padding and the last step, a barrier after every step (see
+    // above).
     unsafe {
         let mut i = n + tid;
         while i < n_pow2 {
@@ -1174,7 +1199,12 @@ unsafe fn sort_gathered(smem: Smem, n: u32) {
                     }
                     i += THREADS;
                 }
-                arch::bar_sync();
+                let next = if stride > 1 { stride / 2 } else { size };
+                if (stride == 1 && size == n_pow2) || stride > 32 || next > 32 {
+                    arch::bar_sync();
+                } else {
+                    arch::bar_warp_sync();
+                }
                 stride /= 2;
             }
             size *= 2;
@@ -1232,19 +1262,60 @@ unsafe fn write_slab(out: &Outputs, smem: Smem, row: u32, k: u32) {
 /// Stage 2 of row `row` over the sorted slab in the gather buffer (`k`
 /// entries): exact integer masses, the top-p cut and the inverse-CDF draw,
 /// as [`crate::radix_select::draw_from_slab`] computes them sequentially.
+/// A slab of at most 64 keys is drawn by the first warp alone (warp scans,
+/// no block barrier), a longer one by the block.
 ///
 /// # Safety
 /// Every thread of rank 0 calls it; the sampling pointers hold the row.
 #[inline(always)]
 unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
     let tid = arch::thread_idx_x();
+    // SAFETY: forwarded; the warp's and the block's scans and barriers are
+    // reached by every thread of their group.
+    unsafe {
+        if k <= 64 {
+            if tid < 32 {
+                draw_row(out, smem, row, k, tid, warp_scan, arch::bar_warp_sync);
+            }
+        } else {
+            draw_row(
+                out,
+                smem,
+                row,
+                k,
+                tid,
+                |v| block_scan(v, smem),
+                arch::bar_sync,
+            );
+        }
+    }
+}
+
+/// [`sample_row`] on a group of threads: thread `t` of the group holds
+/// slab entries `2 t` and `2 t + 1` (the group holds at least `k`); `scan`
+/// is the group's exclusive prefix sum and total, `sync` its barrier.
+///
+/// # Safety
+/// Every thread of the group calls it with the same arguments but `t`; the
+/// sampling pointers hold the row; the control word `CTL_MASS` is written
+/// before `sync` and read after it.
+#[inline(always)]
+unsafe fn draw_row(
+    out: &Outputs,
+    smem: Smem,
+    row: u32,
+    k: u32,
+    t: u32,
+    scan: impl Fn(u64) -> (u64, u64),
+    sync: fn(),
+) {
     let r = row as usize;
     let buf = smem.gather();
     // SAFETY: the launch contract; slab positions below k <= SLAB; the
     // control word is written before a barrier and read after it.
     unsafe {
         let top = composite_bits(*buf);
-        let (i0, i1) = (2 * tid, 2 * tid + 1);
+        let (i0, i1) = (2 * t, 2 * t + 1);
         let mass = |i: u32| {
             if i < k {
                 fixed_mass(composite_bits(*buf.add(i as usize)), top)
@@ -1253,9 +1324,9 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
             }
         };
         let (w0, w1) = (mass(i0), mass(i1));
-        let (e0, total) = block_scan(w0 + w1, smem);
+        let (e0, total) = scan(w0 + w1);
         if total == 0 {
-            if tid == 0 {
+            if t == 0 {
                 *out.tokens.add(r) = 0;
                 *out.valid.add(r) = 0;
             }
@@ -1265,7 +1336,7 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
         let threshold = top_p_threshold(*out.top_p.add(r), total);
         let keeps = u32::from(i0 < k && top_p_keeps(i0, e0, threshold))
             + u32::from(i1 < k && top_p_keeps(i1, p0, threshold));
-        let (_, kept) = block_scan(u64::from(keeps), smem);
+        let (_, kept) = scan(u64::from(keeps));
         let kept = kept as u32;
         let mass_word = smem.ctl(CTL_MASS) as *mut u64;
         if i0 + 1 == kept {
@@ -1274,7 +1345,7 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
         if i1 + 1 == kept {
             *mass_word = p1;
         }
-        arch::bar_sync();
+        sync();
         let kept_mass = *mass_word;
         let u = noise::uniform_open(philox::row_uniform_bits(
             philox::seed_key(*out.seed.add(r)),
@@ -1284,9 +1355,9 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
         let target = draw_target(u, kept_mass);
         let before = u32::from(i0 < kept && before_draw(p0, target))
             + u32::from(i1 < kept && before_draw(p1, target));
-        let (_, position) = block_scan(u64::from(before), smem);
+        let (_, position) = scan(u64::from(before));
         let position = position as u32;
-        if tid == 0 {
+        if t == 0 {
             let at = position.min(kept - 1);
             *out.tokens.add(r) = composite_index(*buf.add(at as usize));
             *out.valid.add(r) = 1;
@@ -1476,22 +1547,6 @@ unsafe fn filter_load(chunk: &Chunk, r: u32) -> [u32; ROUND_ELEMS] {
 fn filter_slot(r: u32, i: usize) -> u32 {
     let g = r * FILTER_ROUND_GROUPS + arch::thread_idx_x() + (i as u32 / 4) * THREADS;
     4 * g + i as u32 % 4
-}
-
-/// The inclusive prefix sum of `v` over the lanes of the warp.
-#[inline(always)]
-fn warp_inclusive_sum(v: u32) -> u32 {
-    let lane = arch::thread_idx_x() % 32;
-    let mut inc = v;
-    let mut d = 1;
-    while d < 32 {
-        let up = arch::shfl_up_u32(inc, d);
-        if lane >= d {
-            inc += up;
-        }
-        d <<= 1;
-    }
-    inc
 }
 
 /// Reserves `total` (lane 0's value) positions of this round through the
