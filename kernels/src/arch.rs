@@ -220,6 +220,22 @@ pub unsafe fn ld_global_nc_u32(p: *const u32) -> u32 {
     a
 }
 
+/// `ld.global.nc.u64`: an 8-byte read-only load, issued where it stands
+/// (not `pure`: LLVM neither sinks it into a branch nor drops it).
+///
+/// # Safety
+/// As [`ld_global_nc_u32`], for 8 bytes.
+#[inline(always)]
+pub unsafe fn ld_global_nc_u64(p: *const u64) -> u64 {
+    let a: u64;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.global.nc.u64 {a}, [{p}];", a = out(reg64) a, p = in(reg64) p,
+             options(readonly, nostack))
+    };
+    a
+}
+
 /// `ld.global.nc.u16`: a 2-byte read-only load.
 ///
 /// # Safety

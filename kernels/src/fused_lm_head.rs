@@ -146,12 +146,29 @@ impl Partial {
         }
     }
 
+    /// [`Partial::load`] from global memory by read-only loads issued where
+    /// they stand ([`arch::ld_global_nc_u64`]: none moved under a later
+    /// comparison).
+    ///
     /// # Safety
-    /// `p` holds [`FUSED_PARTIAL_WORDS`] readable words written by `store`.
+    /// As [`Partial::load`], in global memory no thread writes during the
+    /// kernel.
     #[inline(always)]
-    unsafe fn load(p: *const u64) -> Partial {
+    unsafe fn load_global(p: *const u64) -> Partial {
         // SAFETY: the caller's contract.
-        let (key, l, xs) = unsafe { (*p, *p.add(1), *p.add(2)) };
+        let (key, l, xs) = unsafe {
+            (
+                arch::ld_global_nc_u64(p),
+                arch::ld_global_nc_u64(p.add(1)),
+                arch::ld_global_nc_u64(p.add(2)),
+            )
+        };
+        Partial::from_words(key, l, xs)
+    }
+
+    /// The partial of its words `(key, lse, xs)`.
+    #[inline(always)]
+    fn from_words(key: u64, l: u64, xs: u64) -> Partial {
         Partial {
             key,
             xs: f32::from_bits(xs as u32),
@@ -160,6 +177,15 @@ impl Partial {
                 sum: f32::from_bits(l as u32),
             },
         }
+    }
+
+    /// # Safety
+    /// `p` holds [`FUSED_PARTIAL_WORDS`] readable words written by `store`.
+    #[inline(always)]
+    unsafe fn load(p: *const u64) -> Partial {
+        // SAFETY: the caller's contract.
+        let (key, l, xs) = unsafe { (*p, *p.add(1), *p.add(2)) };
+        Partial::from_words(key, l, xs)
     }
 }
 
@@ -1658,6 +1684,9 @@ fused_ws_entry!(fused_sample_f16_b64, fused_sample_ws::<F16, 64, 4>, 64);
 #[cfg(target_feature = "sm_90a")]
 fused_ws_entry!(fused_sample_f16_b128, fused_sample_pp::<F16, 128>, 128);
 
+/// Partials a thread of `fused_sample_finish` loads before merging them.
+const FINISH_LOADS: usize = 4;
+
 /// Folds a row's partials (in part order, by a fixed tree) into its
 /// token, validity, log-normaliser `ln sum exp(x / T)` (T = 1 for greedy
 /// rows) and the token's log-probability. A row with nothing valid gets
@@ -1688,11 +1717,30 @@ pub unsafe extern "ptx-kernel" fn fused_sample_finish(
     unsafe {
         let base = partial.add((row * FUSED_PARTIAL_WORDS) as usize);
         let stride = p.batch as usize * FUSED_PARTIAL_WORDS as usize;
+        // Up to FINISH_LOADS partials in flight a thread, merged in the
+        // order of one at a time (parts tid, tid + 256, ..: the same bits);
+        // each load issued before any merge (LLVM sank a plain load of `xs`
+        // under the key comparison, a second round trip a partial).
         let mut part = Partial::EMPTY;
         let mut t = tid;
         while t < p.parts {
-            part = part.merge(Partial::load(base.add(t as usize * stride)));
-            t += 256;
+            let mut loaded = [Partial::EMPTY; FINISH_LOADS];
+            let mut j = 0;
+            while j < FINISH_LOADS {
+                let u = t + j as u32 * 256;
+                if u < p.parts {
+                    loaded[j] = Partial::load_global(base.add(u as usize * stride));
+                }
+                j += 1;
+            }
+            let mut j = 0;
+            while j < FINISH_LOADS {
+                if t + (j as u32) * 256 < p.parts {
+                    part = part.merge(loaded[j]);
+                }
+                j += 1;
+            }
+            t += FINISH_LOADS as u32 * 256;
         }
         let part = part.butterfly(16);
         let warp = tid / 32;
