@@ -61,8 +61,12 @@ use crate::rows::Rows;
 use crate::sampling::{SampleOutput, Workspace};
 use crate::topk_topp::TruncParams;
 
-/// Largest cluster the planner asks for (the portable cluster size).
-pub const MAX_CLUSTER: u32 = 8;
+/// Largest cluster the planner asks for: 16, the non-portable size Hopper
+/// schedules when a kernel allows it (the portable limit is 8); the GPU's
+/// own limit is [`RadixCaps::max_cluster`].
+pub const MAX_CLUSTER: u32 = 16;
+/// Most CTAs per row of the cooperative route (GPUs without clusters).
+const MAX_COOPERATIVE: u64 = 8;
 /// Largest grid y of a launch; more rows loop.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -311,8 +315,13 @@ pub struct RadixCaps {
 // session 4 (V = 128256, k = 50; docs/performance.md, radix v3): a row's
 // CTAs, all resident, take a fixed time plus a time per element of the
 // chunk and per element re-read past the cache; rows beyond what the GPU
-// holds at once run in further waves.
+// holds at once run in further waves. Rows split over more than 8 CTAs
+// (Hopper's non-portable clusters, session 10) add 0.2 us a CTA beyond
+// the eighth: clusters of 16 measured 16.8 us against 19.4 for 8 at V =
+// 128256 and B = 1, but 12.5 against 12.3 at V = 32768, where their chunks
+// are 2048 elements.
 const CTA_FIXED_US: f64 = 12.9;
+const US_PER_CTA_ABOVE_8: f64 = 0.2;
 const US_PER_ELEM: f64 = 0.43e-3;
 const US_PER_REREAD: f64 = 0.12e-3;
 /// Fewest elements per CTA worth splitting a row for.
@@ -355,7 +364,11 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
         return f64::INFINITY;
     }
     let waves = (rows.batch.max(1) as u64).div_ceil(rows_at_once) as f64;
-    waves * (CTA_FIXED_US + chunk as f64 * US_PER_ELEM + uncached as f64 * US_PER_REREAD)
+    waves
+        * (CTA_FIXED_US
+            + f64::from(ctas.saturating_sub(8)) * US_PER_CTA_ABOVE_8
+            + chunk as f64 * US_PER_ELEM
+            + uncached as f64 * US_PER_REREAD)
 }
 
 /// The route of a request of `rows` with largest `top_k` `max_k` on a GPU
@@ -377,7 +390,7 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
 ///     max_cluster: 8,
 ///     ctas_per_sm: 1,
 ///     cache_elems: 48_764,
-///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
+///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 ///     filter_ctas_per_sm: 1,
 /// };
 /// assert_eq!(plan_route(&Rows::contiguous(1, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
@@ -395,9 +408,12 @@ pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
     let limit = if caps.max_cluster >= 2 {
         u64::from(caps.max_cluster).min(by_chunk)
     } else {
-        // Cooperative: every CTA of the launch resident at once.
+        // Cooperative: every CTA of the launch resident at once, at most
+        // the 8 a row that the cost model was fitted to.
         let slots = u64::from(caps.sm_count) * u64::from(caps.ctas_per_sm);
-        (slots / rows.batch.max(1) as u64).min(by_chunk)
+        (slots / rows.batch.max(1) as u64)
+            .min(by_chunk)
+            .min(MAX_COOPERATIVE)
     };
     // One CTA per row is a cluster of one where the GPU has clusters.
     let clustered = caps.max_cluster >= 1;
@@ -526,6 +542,21 @@ impl RadixKernels {
             Ok(Func(f))
         };
         let cluster = get("radix_topk_cluster_f32")?;
+        let clusters = dev.arch().starts_with("sm_9")
+            && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
+        if clusters {
+            // SAFETY: a valid function; 1 allows clusters above the portable
+            // size of 8 where the GPU schedules them (the occupancy query
+            // below says which).
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    cluster.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+                .result()?
+            };
+        }
         let coop = get("radix_topk_coop_f32")?;
         let filter = get("radix_topk_filter_f32")?;
         let to_logits = get("radix_probs_to_logits_f32")?;
@@ -545,8 +576,6 @@ impl RadixKernels {
             0
         };
         let filter_cap = if filter_per_sm > 0 { fit } else { 0 };
-        let clusters = dev.arch().starts_with("sm_9")
-            && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
         let mut cluster_slots = [0; MAX_CLUSTER as usize + 1];
         if clusters {
             for (c, n) in cluster_slots.iter_mut().enumerate().skip(1) {
@@ -1039,12 +1068,12 @@ mod tests {
         max_cluster: 8,
         ctas_per_sm: 1,
         cache_elems: 48_764,
-        cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16],
+        cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16, 0, 0, 0, 0, 0, 0, 0, 0],
         filter_ctas_per_sm: 1,
     };
     // The clusters at once the H200 reported (session 6).
     const H200_MEASURED: RadixCaps = RadixCaps {
-        cluster_slots: [0, 132, 66, 39, 30, 22, 17, 15, 15],
+        cluster_slots: [0, 132, 66, 39, 30, 22, 17, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0],
         ..H200
     };
 
@@ -1173,6 +1202,17 @@ mod tests {
                 }
             }
         }
+        // Hopper's non-portable clusters (the H200's measured slots, session
+        // 10): 16 CTAs for long rows at B = 1, 8 for short ones.
+        let h200_16 = RadixCaps {
+            max_cluster: 16,
+            cluster_slots: [0, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7],
+            ..H200
+        };
+        let long = plan_route(&Rows::contiguous(1, 128_256), 50, &h200_16);
+        assert_eq!(long, Route::Cluster { ctas: 16 });
+        let short = plan_route(&Rows::contiguous(1, 32_768), 50, &h200_16);
+        assert_eq!(short, Route::Cluster { ctas: 8 });
         let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200, true);
         let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200, true);
         assert!(t1.is_finite() && t8.is_finite() && t1 > 0.0 && t8 > 0.0);
