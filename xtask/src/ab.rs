@@ -1,0 +1,177 @@
+//! `cargo xtask ab-bundle`: the same tests and benches built from several
+//! git revisions, for a same-run comparison on the GPU machine.
+//!
+//! Each revision is checked out in a worktree of its own
+//! (`target/ab/<rev>`, kept between calls, so a revision already built
+//! rebuilds nothing) and built there, in its own target folder: two
+//! checkouts sharing one target folder can reuse each other's embedded PTX.
+//!
+//! Layout of the output folder (default `ab-bundle`):
+//!
+//! ```text
+//! run-ab                 entry point (bash): ./run-ab [tests] [sanitize] [bench]
+//! <rev>/<name>           stripped test and bench executables of each revision
+//! revs.txt               the revisions, base first, with their subjects
+//! ```
+//!
+//! `run-ab tests` runs the test executables of every revision but the
+//! first (the base), `sanitize` their `sanitize_` tests under memcheck and
+//! racecheck, and `bench` every revision's benches in turn, base first,
+//! `FLASHSAMPLE_AB_REPS` times (default 2), so that each comparison is made
+//! in one run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::bundle::{Exe, Kind, cargo_executables_in, dir_size, strip_file, which};
+use crate::{Opts, absolute, workspace_root};
+
+/// The output must fit through the 64 MiB transfer limit with room to spare.
+const MAX_BYTES: u64 = 60 * 1024 * 1024;
+
+/// The `run-ab` script; `@REVS@`, `@TESTS@` and `@BENCHES@` become bash
+/// array items.
+const RUN_TEMPLATE: &str = include_str!("run_ab.sh");
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let opts = Opts::parse(args, &["rev", "test", "bench", "out", "arch"], &[])?;
+    let revs = opts.all("rev");
+    if revs.len() < 2 {
+        return Err("ab-bundle needs at least two --rev (the base first)".into());
+    }
+    let tests = opts.all("test");
+    let benches = opts.all("bench");
+    if tests.is_empty() && benches.is_empty() {
+        return Err("ab-bundle needs at least one --test or --bench".into());
+    }
+    let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
+    if !crate::ptx::ARCHES.iter().any(|a| a.name == arch) {
+        return Err(format!("unknown --arch {arch}"));
+    }
+    let out = opts
+        .last("out")
+        .map(absolute)
+        .unwrap_or_else(|| workspace_root().join("ab-bundle"));
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("removing {}: {e}", out.display()))?;
+    }
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+
+    let strip = which("strip");
+    let mut labels = Vec::new();
+    let mut listing = String::new();
+    for rev in &revs {
+        let label = git(&["rev-parse", "--short", rev])?;
+        if labels.contains(&label) {
+            return Err(format!("--rev {rev} is {label} twice"));
+        }
+        let tree = worktree(&label)?;
+        let mut exes = Vec::new();
+        if !tests.is_empty() {
+            let mut args = vec!["test", "--release", "-p", "flashsample", "--no-run"];
+            for t in &tests {
+                args.extend(["--test", t]);
+            }
+            exes.extend(cargo_executables_in(
+                &tree,
+                &args,
+                Kind::Test,
+                strip.is_none(),
+                &arch,
+            )?);
+        }
+        if !benches.is_empty() {
+            let mut args = vec!["bench", "-p", "flashsample", "--no-run"];
+            for b in &benches {
+                args.extend(["--bench", b]);
+            }
+            exes.extend(cargo_executables_in(
+                &tree,
+                &args,
+                Kind::Bench,
+                strip.is_none(),
+                &arch,
+            )?);
+        }
+        copy_exes(&exes, &out.join(&label), strip.as_deref())?;
+        let subject = git(&["log", "-1", "--format=%s", &label])?;
+        listing.push_str(&format!("{label} {subject}\n"));
+        labels.push(label);
+    }
+    std::fs::write(out.join("revs.txt"), &listing).map_err(|e| format!("writing revs.txt: {e}"))?;
+    write_run_script(&out.join("run-ab"), &labels, &tests, &benches)?;
+
+    let size = dir_size(&out)?;
+    let mib = size as f64 / (1024.0 * 1024.0);
+    println!("\nab-bundle {} ({mib:.1} MiB):", out.display());
+    print!("{listing}");
+    if size > MAX_BYTES {
+        return Err(format!(
+            "the output is {mib:.1} MiB, over the {} MiB limit",
+            MAX_BYTES >> 20
+        ));
+    }
+    println!(
+        "run it on the GPU machine with: {}/run-ab [tests] [sanitize] [bench]",
+        out.display()
+    );
+    Ok(())
+}
+
+/// `git <args>` in the workspace, its trimmed output.
+fn git(args: &[&str]) -> Result<String, String> {
+    let output = Command::new("git")
+        .current_dir(workspace_root())
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "git {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+/// The worktree of revision `label` under `target/ab`, added (detached) if
+/// missing.
+fn worktree(label: &str) -> Result<PathBuf, String> {
+    let tree = workspace_root().join("target").join("ab").join(label);
+    if !tree.join("Cargo.toml").exists() {
+        let path = tree.to_string_lossy().to_string();
+        git(&["worktree", "add", "--detach", &path, label])?;
+    }
+    Ok(tree)
+}
+
+/// Copies `exes` into `dir`, stripped with `strip` when there is one.
+fn copy_exes(exes: &[Exe], dir: &Path, strip: Option<&Path>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for exe in exes {
+        let dest = dir.join(&exe.name);
+        std::fs::copy(&exe.path, &dest)
+            .map_err(|e| format!("copying {} to {}: {e}", exe.path.display(), dest.display()))?;
+        if let Some(strip) = strip {
+            strip_file(strip, &dest)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_run_script(
+    file: &Path,
+    labels: &[String],
+    tests: &[&str],
+    benches: &[&str],
+) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = RUN_TEMPLATE
+        .replace("@REVS@", &labels.join(" "))
+        .replace("@TESTS@", &tests.join(" "))
+        .replace("@BENCHES@", &benches.join(" "));
+    std::fs::write(file, script).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", file.display()))
+}
