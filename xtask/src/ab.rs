@@ -23,14 +23,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle::{Exe, Kind, cargo_executables_in, dir_size, strip_file, which};
-use crate::{Opts, absolute, workspace_root};
+use crate::bundle::{
+    Exe, Kind, RUN_PRELUDE, arch_and_out, cargo_executables, dir_size, strip_file, which,
+};
+use crate::{Opts, workspace_root};
 
 /// The output must fit through the 64 MiB transfer limit with room to spare.
 const MAX_BYTES: u64 = 60 * 1024 * 1024;
 
 /// The `run-ab` script; `@REVS@`, `@TESTS@` and `@BENCHES@` become bash
-/// array items.
+/// array items, `@PRELUDE@` the bundle's [`RUN_PRELUDE`].
 const RUN_TEMPLATE: &str = include_str!("run_ab.sh");
 
 pub fn main(args: &[String]) -> Result<(), String> {
@@ -44,14 +46,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if tests.is_empty() && benches.is_empty() {
         return Err("ab-bundle needs at least one --test or --bench".into());
     }
-    let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
-    if !crate::ptx::ARCHES.iter().any(|a| a.name == arch) {
-        return Err(format!("unknown --arch {arch}"));
-    }
-    let out = opts
-        .last("out")
-        .map(absolute)
-        .unwrap_or_else(|| workspace_root().join("ab-bundle"));
+    let (arch, out) = arch_and_out(&opts, "ab-bundle")?;
     if out.exists() {
         std::fs::remove_dir_all(&out).map_err(|e| format!("removing {}: {e}", out.display()))?;
     }
@@ -67,28 +62,22 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
         let tree = worktree(&label)?;
         let mut exes = Vec::new();
-        if !tests.is_empty() {
-            let mut args = vec!["test", "--release", "-p", "flashsample", "--no-run"];
-            for t in &tests {
-                args.extend(["--test", t]);
+        for (names, kind, base, flag) in [
+            (&tests, Kind::Test, &["test", "--release"][..], "--test"),
+            (&benches, Kind::Bench, &["bench"][..], "--bench"),
+        ] {
+            if names.is_empty() {
+                continue;
             }
-            exes.extend(cargo_executables_in(
-                &tree,
-                &args,
-                Kind::Test,
-                strip.is_none(),
-                &arch,
-            )?);
-        }
-        if !benches.is_empty() {
-            let mut args = vec!["bench", "-p", "flashsample", "--no-run"];
-            for b in &benches {
-                args.extend(["--bench", b]);
+            let mut args = base.to_vec();
+            args.extend(["-p", "flashsample", "--no-run"]);
+            for name in names.iter() {
+                args.extend([flag, name]);
             }
-            exes.extend(cargo_executables_in(
-                &tree,
+            exes.extend(cargo_executables(
+                Some(&tree),
                 &args,
-                Kind::Bench,
+                kind,
                 strip.is_none(),
                 &arch,
             )?);
@@ -168,6 +157,7 @@ fn write_run_script(
 ) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     let script = RUN_TEMPLATE
+        .replace("@PRELUDE@", RUN_PRELUDE.trim_end())
         .replace("@REVS@", &labels.join(" "))
         .replace("@TESTS@", &tests.join(" "))
         .replace("@BENCHES@", &benches.join(" "));

@@ -25,8 +25,14 @@ use crate::{Opts, absolute, build_ptx, cargo, workspace_root};
 /// The bundle must fit through the 64 MiB transfer limit with room to spare.
 const MAX_BYTES: u64 = 60 * 1024 * 1024;
 
-/// The `run` script; `@TESTS@` and `@BENCHES@` become bash array items.
+/// The `run` script; `@TESTS@` and `@BENCHES@` become bash array items,
+/// `@PRELUDE@` the [`RUN_PRELUDE`].
 const RUN_TEMPLATE: &str = include_str!("run.sh");
+
+/// What the `run` scripts of `gpu-bundle` and `ab-bundle` start with: the
+/// script's folder, `OUT`, the GPU required, the CUDA libraries and the
+/// step timeout.
+pub(crate) const RUN_PRELUDE: &str = include_str!("run_prelude.sh");
 
 /// The name of the library's unit-test executable in the bundle.
 const UNIT_NAME: &str = "flashsample-unit";
@@ -47,8 +53,10 @@ pub(crate) struct Exe {
 /// bundle.
 const CPU_ONLY_TESTS: &[&str] = &["fuzz", "model", "reference"];
 
-pub fn main(args: &[String]) -> Result<(), String> {
-    let opts = Opts::parse(args, &["out", "arch"], &[])?;
+/// The `--arch` whose PTX module the executables embed (default sm_90a,
+/// the H200's) and the `--out` folder (default `default_dir` in the
+/// workspace) of a bundle task.
+pub(crate) fn arch_and_out(opts: &Opts, default_dir: &str) -> Result<(String, PathBuf), String> {
     let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
     if !crate::ptx::ARCHES.iter().any(|a| a.name == arch) {
         return Err(format!("unknown --arch {arch}"));
@@ -56,19 +64,27 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let out = opts
         .last("out")
         .map(absolute)
-        .unwrap_or_else(|| workspace_root().join("bundle"));
+        .unwrap_or_else(|| workspace_root().join(default_dir));
+    Ok((arch, out))
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let opts = Opts::parse(args, &["out", "arch"], &[])?;
+    let (arch, out) = arch_and_out(&opts, "bundle")?;
 
     let ptx_out = build_ptx::default_out();
     let report = build_ptx::build(&build_ptx::select_arches(&[])?, &ptx_out)?;
 
     let strip = which("strip");
     let mut exes = cargo_executables(
+        None,
         &["test", "--release", "-p", "flashsample", "--no-run"],
         Kind::Test,
         strip.is_none(),
         &arch,
     )?;
     exes.extend(cargo_executables(
+        None,
         &["bench", "-p", "flashsample", "--no-run"],
         Kind::Bench,
         strip.is_none(),
@@ -162,44 +178,23 @@ pub fn main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `cargo <args> --message-format=json-render-diagnostics` in the
-/// workspace, embedding only `arch`'s PTX module, and returns the
-/// executables of its test-profile artifacts of `kind`.
+/// Runs `cargo <args> --message-format=json-render-diagnostics`, embedding
+/// only `arch`'s PTX module, and returns the executables of its
+/// test-profile artifacts of `kind`: in the workspace, or in the checkout
+/// `checkout` in its own target folder (whatever `CARGO_TARGET_DIR` says:
+/// checkouts sharing one can reuse each other's embedded PTX).
 pub(crate) fn cargo_executables(
+    checkout: Option<&Path>,
     args: &[&str],
     kind: Kind,
     strip_in_profile: bool,
     arch: &str,
 ) -> Result<Vec<Exe>, String> {
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(workspace_root());
-    executables(cmd, args, kind, strip_in_profile, arch)
-}
-
-/// [`cargo_executables`] in the checkout at `dir`, in its own target folder
-/// (whatever `CARGO_TARGET_DIR` says: checkouts sharing one can reuse each
-/// other's embedded PTX).
-pub(crate) fn cargo_executables_in(
-    dir: &Path,
-    args: &[&str],
-    kind: Kind,
-    strip_in_profile: bool,
-    arch: &str,
-) -> Result<Vec<Exe>, String> {
-    let mut cmd = Command::new(cargo());
-    cmd.current_dir(dir).env_remove("CARGO_TARGET_DIR");
-    executables(cmd, args, kind, strip_in_profile, arch)
-}
-
-/// Runs `cmd` (a cargo in its folder) with `args`, as
-/// [`cargo_executables`] describes.
-fn executables(
-    mut cmd: Command,
-    args: &[&str],
-    kind: Kind,
-    strip_in_profile: bool,
-    arch: &str,
-) -> Result<Vec<Exe>, String> {
+    match checkout {
+        Some(dir) => cmd.current_dir(dir).env_remove("CARGO_TARGET_DIR"),
+        None => cmd.current_dir(workspace_root()),
+    };
     cmd.env("FLASHSAMPLE_PTX_ARCHES", arch)
         .args(args)
         .arg("--message-format=json-render-diagnostics")
@@ -324,6 +319,7 @@ fn write_run_script(file: &Path, exes: &[Exe]) -> Result<(), String> {
             .join(" ")
     };
     let script = RUN_TEMPLATE
+        .replace("@PRELUDE@", RUN_PRELUDE.trim_end())
         .replace("@TESTS@", &list(Kind::Test))
         .replace("@BENCHES@", &list(Kind::Bench));
     std::fs::write(file, script).map_err(|e| format!("writing {}: {e}", file.display()))?;

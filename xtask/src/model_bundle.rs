@@ -16,9 +16,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle::{Kind, cargo_executables, strip_file, which};
+use crate::bundle::{Kind, arch_and_out, cargo_executables, strip_file, which};
 use crate::model::cache;
-use crate::{Opts, absolute, cargo, workspace_root};
+use crate::{Opts, cargo, workspace_root};
 
 /// Largest part: the transfer limit less room for the tracked tree.
 const PART_BYTES: u64 = 60 * 1024 * 1024;
@@ -28,11 +28,7 @@ const RUN_TEMPLATE: &str = include_str!("model_run.sh");
 
 pub fn main(args: &[String]) -> Result<(), String> {
     let opts = Opts::parse(args, &["out", "arch"], &[])?;
-    let out = opts
-        .last("out")
-        .map(absolute)
-        .unwrap_or_else(|| workspace_root().join("model-bundle"));
-    let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
+    let (arch, out) = arch_and_out(&opts, "model-bundle")?;
     let model = cache::model_path()?;
     if !model.is_file() {
         return Err(format!(
@@ -42,6 +38,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     }
     let strip = which("strip");
     let tests = cargo_executables(
+        None,
         &[
             "test",
             "--release",

@@ -43,20 +43,9 @@ for arg in "$@"; do
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${OUT:-$HERE/out}"
-mkdir -p "$OUT" || exit 1
-OUT="$(cd "$OUT" && pwd)"
-cd "$HERE" || exit 1
-
-export FLASHSAMPLE_REQUIRE_GPU=1
+@PRELUDE@
 # The bundle's subset of the SmolLM2 logits corpus, when it carries one.
 [ -f "$HERE/data/corpus.bin" ] && export FLASHSAMPLE_CORPUS="$HERE/data/corpus.bin"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-# Seconds any one command may run (a hung kernel must not eat the whole
-# device lease): FLASHSAMPLE_STEP_TIMEOUT, default 300.
-STEP_TIMEOUT="${FLASHSAMPLE_STEP_TIMEOUT:-300}"
 
 # run_logged LOG COMMAND...: runs COMMAND (killed after STEP_TIMEOUT
 # seconds, exit status 124), its output to the console and appended to LOG;

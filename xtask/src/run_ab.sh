@@ -30,13 +30,7 @@ for arg in "$@"; do
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${OUT:-$HERE/out}"
-mkdir -p "$OUT" || exit 1
-cd "$HERE" || exit 1
-export FLASHSAMPLE_REQUIRE_GPU=1
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-STEP_TIMEOUT="${FLASHSAMPLE_STEP_TIMEOUT:-300}"
+@PRELUDE@
 REPS="${FLASHSAMPLE_AB_REPS:-2}"
 T0=$(date +%s)
 
