@@ -1408,12 +1408,17 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
             x.begin_row(smem);
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
             let chunk = Chunk::new(row_ptr, x.rank(), args);
-            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
-            let mut sel = RadixSelect::new(k);
+            // `k` is read after the stream pass's loads are issued (read
+            // before, every thread waited for it before its first load);
+            // the select is made then.
+            let mut k = 0;
+            let mut sel = RadixSelect::new(1);
             let threshold = loop {
                 clear_hist(smem, parity);
                 if sel.passes() == 0 {
                     stream_pass(&chunk, smem, smem.hist(parity));
+                    k = slab_len(*out.top_k.add(row as usize), args.vocab);
+                    sel = RadixSelect::new(k);
                 } else {
                     refine_pass(&chunk, smem, smem.hist(parity), &sel);
                 }
@@ -2127,7 +2132,6 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
             let chunk = Chunk::new(row_ptr, 0, args);
             let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
-            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
             // The first two rounds' counter words ([`filter_round`]).
             if tid == 0 {
                 core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
@@ -2144,6 +2148,10 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                     j += 1;
                 }
             }
+            // Read after the copies are issued: its first use, the seed,
+            // follows the first round's arrival, so the load waits for
+            // nothing (read before, the issuing thread waited for it).
+            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
             let mut st = FilterRow::new(k, cap, rounds);
             let mut r = 0;
             while r < rounds {
