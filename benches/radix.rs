@@ -52,7 +52,8 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::kernels::radix_select;
 use flashsample::reference;
 use flashsample::{
-    Device, RadixWorkspace, Result, Route, Rows, SampleOutput, Slab, TopKTopPParams, Workspace,
+    Device, MAX_FILTER_CLUSTER, RadixWorkspace, Result, Route, Rows, SampleOutput, Slab,
+    TopKTopPParams, Workspace,
 };
 use harness::L2_BYTES;
 use rand::SeedableRng;
@@ -322,6 +323,9 @@ fn main() -> Result<()> {
                         all.extend((2..=caps.max_cluster).map(|ctas| Route::Cluster { ctas }));
                         // Rejected where the GPU cannot run it.
                         all.push(Route::Filter);
+                        all.extend(
+                            (2..=MAX_FILTER_CLUSTER).map(|ctas| Route::FilterCluster { ctas }),
+                        );
                         for r in all {
                             rws.force_route(Some(r));
                             let tr = timer.time(|| {

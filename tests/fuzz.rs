@@ -13,7 +13,8 @@ use flashsample::kernels::radix_select::SLAB;
 use flashsample::kernels::sample::MAX_VOCAB;
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{
-    Backend, HeadShape, MAX_CLUSTER, MAX_SHARDS, RadixCaps, Route, Rows, VocabSplit, plan_route,
+    Backend, HeadShape, MAX_CLUSTER, MAX_FILTER_CLUSTER, MAX_SHARDS, RadixCaps, Route, Rows,
+    VocabSplit, plan_route,
 };
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -428,7 +429,14 @@ fn radix_top_k_never_panics() {
     // for every route instead of both outcomes.
     fuzz_total(
         "plan_route",
-        ["Pivot", "SingleCta", "Cluster", "Cooperative", "Filter"],
+        [
+            "Pivot",
+            "SingleCta",
+            "Cluster",
+            "Cooperative",
+            "Filter",
+            "FilterCluster",
+        ],
         |rng| {
             let (batch, vocab) = if rng.random_bool(0.7) {
                 (
@@ -469,6 +477,9 @@ fn radix_top_k_never_panics() {
                 cache_elems: pick(&[0, 1, 49_792, u32::MAX], rng),
                 cluster_slots: std::array::from_fn(|_| pick(&[0, 1, 16, 132, u32::MAX], rng)),
                 filter_ctas_per_sm: pick(&[0, 0, 1, 2, u32::MAX], rng),
+                filter_cluster_slots: std::array::from_fn(|_| {
+                    pick(&[0, 0, 1, 7, 66, u32::MAX], rng)
+                }),
             };
             (rows, max_k, caps)
         },
@@ -491,6 +502,14 @@ fn radix_top_k_never_panics() {
                 Route::Filter => {
                     assert!(caps.filter_ctas_per_sm > 0 && caps.sm_count > 0);
                     4
+                }
+                // Only where the GPU runs clusters of that many filter
+                // CTAs, each with at least 2048 elements.
+                Route::FilterCluster { ctas } => {
+                    assert!((2..=MAX_FILTER_CLUSTER).contains(&ctas), "{route:?}");
+                    assert!(u64::from(ctas) * 2048 <= rows.vocab as u64, "{route:?}");
+                    assert!(caps.filter_cluster_slots[ctas as usize] > 0);
+                    5
                 }
                 Route::Cluster { ctas } => {
                     split(ctas);

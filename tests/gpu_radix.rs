@@ -23,7 +23,9 @@ use flashsample::kernels::radix_select::{
 };
 use flashsample::kernels::{noise, philox};
 use flashsample::reference::{self, SamplingParams};
-use flashsample::{Device, RadixWorkspace, Route, Rows, SampleOutput, Slab, TopKTopPParams};
+use flashsample::{
+    Device, MAX_FILTER_CLUSTER, RadixWorkspace, Route, Rows, SampleOutput, Slab, TopKTopPParams,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -437,6 +439,12 @@ fn routes(dev: &Device, rows: Rows) -> Vec<Route> {
     }
     if caps.filter_ctas_per_sm > 0 {
         v.push(Route::Filter);
+    }
+    // Rows split over clusters of filter CTAs, where the GPU runs them.
+    for ctas in 2..=MAX_FILTER_CLUSTER {
+        if caps.filter_cluster_slots[ctas as usize] > 0 {
+            v.push(Route::FilterCluster { ctas });
+        }
     }
     let mut unique = Vec::new();
     for r in v {
@@ -956,7 +964,7 @@ fn sanitize_radix_paths() {
             let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
             let kernel = match route {
                 Route::Cooperative { .. } => "radix_topk_coop_f32",
-                Route::Filter => "radix_topk_filter_f32",
+                Route::Filter | Route::FilterCluster { .. } => "radix_topk_filter_f32",
                 _ => "radix_topk_cluster_f32",
             };
             coverage.case(&[kernel]);
@@ -992,15 +1000,32 @@ fn sanitize_radix_paths() {
             row.sort_by_key(|x| prob_bits(*x));
             b.probs[stride..stride + vocab].copy_from_slice(&row);
             b.top_k[1] = 50;
-            let slab = slab_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
-            let tokens = tokens_on_gpu(&dev, &stream, &b, Route::Filter, &mut ws);
-            coverage.case(&["radix_topk_filter_f32"]);
-            coverage.case(&["radix_topk_filter_f32"]);
-            for r in 0..batch {
-                let res = b.check(r, &slab, &tokens);
-                report.check(res.is_ok(), || {
-                    format!("{} filter, long rows: {}", b.what(r), res.unwrap_err())
-                });
+            // The whole rows on one CTA, then (where the GPU runs them)
+            // split over clusters of 2 and of the most filter CTAs: parts
+            // starting inside a 16-byte group, the merge through
+            // distributed shared memory.
+            let caps = dev.radix_caps().unwrap();
+            let mut routes = vec![Route::Filter];
+            for ctas in [2, MAX_FILTER_CLUSTER] {
+                let split = Route::FilterCluster { ctas };
+                if caps.filter_cluster_slots[ctas as usize] > 0
+                    && vocab >= 2048 * ctas as usize
+                    && !routes.contains(&split)
+                {
+                    routes.push(split);
+                }
+            }
+            for route in routes {
+                let slab = slab_on_gpu(&dev, &stream, &b, route, &mut ws);
+                let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
+                coverage.case(&["radix_topk_filter_f32"]);
+                coverage.case(&["radix_topk_filter_f32"]);
+                for r in 0..batch {
+                    let res = b.check(r, &slab, &tokens);
+                    report.check(res.is_ok(), || {
+                        format!("{} {route:?}, long rows: {}", b.what(r), res.unwrap_err())
+                    });
+                }
             }
         }
     }

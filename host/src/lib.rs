@@ -33,7 +33,8 @@ pub use device::{Device, arch_for, driver_present};
 pub use error::{Error, Result};
 pub use fused_lm_head::{FusedOutput, HeadElem, HeadInput, HeadShape};
 pub use radix_topk::{
-    MAX_CLUSTER, RadixCaps, RadixWorkspace, Route, Slab, TopKTopPParams, plan_route,
+    MAX_CLUSTER, MAX_FILTER_CLUSTER, RadixCaps, RadixWorkspace, Route, Slab, TopKTopPParams,
+    plan_route,
 };
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};

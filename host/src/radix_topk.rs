@@ -65,6 +65,9 @@ use crate::topk_topp::TruncParams;
 /// schedules when a kernel allows it (the portable limit is 8); the GPU's
 /// own limit is [`RadixCaps::max_cluster`].
 pub const MAX_CLUSTER: u32 = 16;
+/// Most CTAs of a cluster of filter CTAs ([`Route::FilterCluster`]): their
+/// gathers (each at most `GATHER_CAP` keys) merge in one candidate buffer.
+pub const MAX_FILTER_CLUSTER: u32 = 4;
 /// Most CTAs per row of the cooperative route (GPUs without clusters).
 const MAX_COOPERATIVE: u64 = 8;
 /// Largest grid y of a launch; more rows loop.
@@ -283,6 +286,12 @@ pub enum Route {
     /// buffer whenever it fills (the large-batch route; GPUs whose shared
     /// memory holds the buffer, [`RadixCaps::filter_ctas_per_sm`] > 0).
     Filter,
+    /// The filter route with each row split over a thread block cluster of
+    /// `ctas` CTAs (2 to [`MAX_FILTER_CLUSTER`]), each streaming its part
+    /// and their top keys merged in the first CTA's buffer through
+    /// distributed shared memory (sm_90 and newer;
+    /// [`RadixCaps::filter_cluster_slots`]).
+    FilterCluster { ctas: u32 },
     /// The Qrita pivot path on `ln p`, for `k > SLAB`.
     Pivot,
 }
@@ -309,6 +318,10 @@ pub struct RadixCaps {
     /// their candidate buffer; 0 where the GPU cannot run them (its shared
     /// memory per block below the smallest buffer).
     pub filter_ctas_per_sm: u32,
+    /// Clusters of `c` filter CTAs ([`Route::FilterCluster`]) the GPU runs
+    /// at once, at index `c` (2 to [`MAX_FILTER_CLUSTER`]; 0 where it
+    /// cannot, and at indices 0 and 1).
+    pub filter_cluster_slots: [u32; MAX_FILTER_CLUSTER as usize + 1],
 }
 
 // The cost model, fitted on the H200 to the bench's every-route table of
@@ -335,6 +348,26 @@ const MIN_CHUNK: u32 = 2048;
 // bandwidth).
 const FILTER_FIXED_US: f64 = 13.0;
 const FILTER_US_PER_ELEM: f64 = 0.105e-3;
+
+/// Added time of a split filter row: the second select and the merge
+/// through distributed shared memory (an estimate, not yet measured).
+const FILTER_MERGE_US: f64 = 1.5;
+
+/// Estimated time of a launch of the filter route split over clusters of
+/// `ctas` (at least [`MIN_CHUNK`] elements each); infinite where the GPU
+/// cannot run one.
+fn filter_cluster_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
+    let at_once = caps
+        .filter_cluster_slots
+        .get(ctas as usize)
+        .map_or(0, |&n| u64::from(n));
+    if ctas < 2 || at_once == 0 || (rows.vocab as u64) < u64::from(ctas * MIN_CHUNK) {
+        return f64::INFINITY;
+    }
+    let waves = (rows.batch.max(1) as u64).div_ceil(at_once) as f64;
+    let part = (rows.vocab as u64).div_ceil(u64::from(ctas)) as f64;
+    waves * (FILTER_FIXED_US + FILTER_MERGE_US + part * FILTER_US_PER_ELEM)
+}
 
 /// Estimated time of a filter launch; infinite where the GPU cannot run
 /// one.
@@ -392,6 +425,7 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
 ///     cache_elems: 48_764,
 ///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 ///     filter_ctas_per_sm: 1,
+///     filter_cluster_slots: [0; 5],
 /// };
 /// assert_eq!(plan_route(&Rows::contiguous(1, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
 /// assert_eq!(plan_route(&Rows::contiguous(16, 128_256), 50, &h200), Route::Cluster { ctas: 8 });
@@ -424,8 +458,15 @@ pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
             best = (ctas, t);
         }
     }
-    if filter_time_us(rows, caps) < best.1 {
-        return Route::Filter;
+    let mut filter = (Route::Filter, filter_time_us(rows, caps));
+    for ctas in 2..=MAX_FILTER_CLUSTER {
+        let t = filter_cluster_time_us(rows, ctas, caps);
+        if t < filter.1 {
+            filter = (Route::FilterCluster { ctas }, t);
+        }
+    }
+    if filter.1 < best.1 {
+        return filter.0;
     }
     match best.0 {
         1 => Route::SingleCta,
@@ -586,6 +627,17 @@ impl RadixKernels {
             .rev()
             .find(|&c| cluster_slots[c as usize] > 0)
             .unwrap_or(0);
+        // Clusters of filter CTAs: the staged kernel (sm_90 on), whose
+        // buffer holds the cluster's merged gathers.
+        let mut filter_cluster_slots = [0; MAX_FILTER_CLUSTER as usize + 1];
+        if clusters && filter_staged && filter_per_sm > 0 {
+            let smem = filter_smem_bytes(filter_cap, filter_staged);
+            for (c, n) in filter_cluster_slots.iter_mut().enumerate().skip(2) {
+                if c as u32 * GATHER_CAP <= filter_cap {
+                    *n = max_active_clusters(ctx, filter, c as u32, smem).unwrap_or(0);
+                }
+            }
+        }
         Ok(RadixKernels {
             cluster,
             coop,
@@ -598,6 +650,7 @@ impl RadixKernels {
                 cache_elems,
                 cluster_slots,
                 filter_ctas_per_sm: filter_per_sm,
+                filter_cluster_slots,
             },
             coop_per_sm,
             smem_budget,
@@ -929,10 +982,19 @@ impl Device {
             Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), k.cluster),
             Route::SingleCta => (1, LaunchKind::Plain, k.cluster),
             Route::Filter if k.filter_cap > 0 => (1, LaunchKind::Plain, k.filter),
+            Route::FilterCluster { ctas }
+                if caps
+                    .filter_cluster_slots
+                    .get(ctas as usize)
+                    .is_some_and(|&n| n > 0) =>
+            {
+                (ctas, LaunchKind::Cluster(ctas), k.filter)
+            }
             _ => return Err(param("route", route)),
         };
         let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
-        let (cache_slots, smem) = if route == Route::Filter {
+        let filter = matches!(route, Route::Filter | Route::FilterCluster { .. });
+        let (cache_slots, smem) = if filter {
             // The filter's `cache_slots` is its candidate buffer in keys.
             (
                 k.filter_cap,
@@ -951,10 +1013,14 @@ impl Device {
                 let resident = (caps.sm_count * k.coop_per_sm / ctas) as usize;
                 batch.min(resident)
             }
-            // The filter's CTAs loop over the rows: as many as the GPU
-            // holds at once.
+            // The filter's CTAs (clusters) loop over the rows: as many as
+            // the GPU holds at once.
             _ if route == Route::Filter => {
                 let resident = caps.sm_count.max(1) as usize * caps.filter_ctas_per_sm as usize;
+                batch.min(resident).min(MAX_GRID_Y)
+            }
+            _ if filter => {
+                let resident = caps.filter_cluster_slots[ctas as usize] as usize;
                 batch.min(resident).min(MAX_GRID_Y)
             }
             _ => batch.min(MAX_GRID_Y),
@@ -1070,6 +1136,7 @@ mod tests {
         cache_elems: 48_764,
         cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16, 0, 0, 0, 0, 0, 0, 0, 0],
         filter_ctas_per_sm: 1,
+        filter_cluster_slots: [0; MAX_FILTER_CLUSTER as usize + 1],
     };
     // The clusters at once the H200 reported (session 6).
     const H200_MEASURED: RadixCaps = RadixCaps {
@@ -1158,6 +1225,9 @@ mod tests {
                         }
                         Route::SingleCta => {}
                         Route::Filter => assert!(caps.filter_ctas_per_sm > 0),
+                        Route::FilterCluster { ctas } => {
+                            assert!(caps.filter_cluster_slots[ctas as usize] > 0);
+                        }
                         Route::Pivot => panic!("k = 50 is a radix request"),
                     }
                 }

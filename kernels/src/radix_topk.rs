@@ -109,7 +109,10 @@ const CTL_GATHERED: usize = 3;
 const CTL_MASS: usize = 4; // a u64 in words 4 and 5
 /// The filter kernel's three round counters (words 6, 7, 8).
 const CTL_FILL: usize = 6;
-const CTL_WORDS: usize = 9;
+/// Keys merged into rank 0's candidate buffer (a cluster of filter CTAs).
+#[cfg(target_feature = "sm_90")]
+const CTL_MERGED: usize = 9;
+const CTL_WORDS: usize = 10;
 // The filter kernel's candidate buffer takes the place of the slice (it
 // has no cluster).
 const CANDIDATES_OFF: usize = SLICE_OFF;
@@ -1408,12 +1411,17 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
             x.begin_row(smem);
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
             let chunk = Chunk::new(row_ptr, x.rank(), args);
-            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
-            let mut sel = RadixSelect::new(k);
+            // `k` is read after the stream pass's loads are issued (read
+            // before, every thread waited for it before its first load);
+            // the select is made then.
+            let mut k = 0;
+            let mut sel = RadixSelect::new(1);
             let threshold = loop {
                 clear_hist(smem, parity);
                 if sel.passes() == 0 {
                     stream_pass(&chunk, smem, smem.hist(parity));
+                    k = slab_len(*out.top_k.add(row as usize), args.vocab);
+                    sel = RadixSelect::new(k);
                 } else {
                     refine_pass(&chunk, smem, smem.hist(parity), &sel);
                 }
@@ -1987,6 +1995,73 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
     }
 }
 
+/// The end of a row split over a cluster of filter CTAs (sm_90 and
+/// newer): each CTA's final select gathers its own keys at or above its
+/// threshold (its top `k`, or all of its keys); after a cluster barrier
+/// (every CTA's select is done, rank 0's merge count zeroed) every CTA
+/// appends them to rank 0's candidate buffer through distributed shared
+/// memory (warp-aggregated reservations on rank 0's count); after a second
+/// one rank 0 selects the row's top keys from the union, which holds them
+/// (a key of the row's top `k` is among its CTA's top `k`), and ends the
+/// row ([`finish_row`]). The host keeps `ctas * GATHER_CAP` within the
+/// buffer.
+///
+/// # Safety
+/// Every thread of every CTA of the cluster calls it for the same row;
+/// every round of the row was filtered; the output pointers of `mode`
+/// hold the row; the candidate buffers hold `cluster_nctarank() *
+/// GATHER_CAP` keys.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn filter_merge_end_row(
+    out: &Outputs,
+    smem: Smem,
+    row: u32,
+    st: &FilterRow,
+    parity: &mut u32,
+    mode: u32,
+) {
+    let tid = arch::thread_idx_x();
+    let lane = tid % 32;
+    let rank = arch::cluster_ctarank();
+    // SAFETY: the caller's contract; rank 0's count word and buffer
+    // positions below the reserved total (at most the cluster's gathers,
+    // within its buffer); every CTA runs until the second cluster barrier,
+    // after every remote access.
+    unsafe {
+        let (_, n) = filter_narrow(smem, st.count, st.k, st.t, parity);
+        if rank == 0 && tid == 0 {
+            core::ptr::write_volatile(smem.ctl(CTL_MERGED), 0);
+        }
+        cluster_sync();
+        let count = arch::mapa_shared_cluster(arch::smem_addr(smem.ctl(CTL_MERGED)), 0);
+        let buf = arch::mapa_shared_cluster(arch::smem_addr(smem.candidates()), 0);
+        let gather = smem.gather();
+        let mut i = tid;
+        while i < n.div_ceil(THREADS) * THREADS {
+            let keep = i < n;
+            let m = arch::ballot(keep);
+            if m != 0 {
+                let mut base = 0;
+                if lane == 0 {
+                    base = arch::atom_shared_cluster_add_u32(count, m.count_ones());
+                }
+                let pos = arch::shfl_idx_u32(base, 0) + (m & ((1u32 << lane) - 1)).count_ones();
+                if keep {
+                    arch::st_shared_cluster_u64(buf + 8 * pos, *gather.add(i as usize));
+                }
+            }
+            i += THREADS;
+        }
+        cluster_sync();
+        if rank == 0 {
+            let merged = core::ptr::read_volatile(smem.ctl(CTL_MERGED));
+            let (_, n) = filter_narrow(smem, merged, st.k, 0, parity);
+            finish_row(out, smem, row, st.k, n, mode);
+        }
+    }
+}
+
 /// The bulk copy of filter round `r` of `chunk` into stage `s`, issued by
 /// one thread: the round's whole groups
 /// ([`crate::radix_select::filter_bulk_groups`], 16-byte aligned in global
@@ -2125,9 +2200,10 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
         }
         while row < args.batch {
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
-            let chunk = Chunk::new(row_ptr, 0, args);
+            // A cluster's CTAs split the row (rank r takes chunk r); a
+            // launch without one is a cluster of one, the whole row.
+            let chunk = Chunk::new(row_ptr, arch::cluster_ctarank(), args);
             let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
-            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
             // The first two rounds' counter words ([`filter_round`]).
             if tid == 0 {
                 core::ptr::write_volatile(smem.ctl(CTL_FILL), 0);
@@ -2144,6 +2220,10 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                     j += 1;
                 }
             }
+            // Read after the copies are issued: its first use, the seed,
+            // follows the first round's arrival, so the load waits for
+            // nothing (read before, the issuing thread waited for it).
+            let k = slab_len(*out.top_k.add(row as usize), args.vocab);
             let mut st = FilterRow::new(k, cap, rounds);
             let mut r = 0;
             while r < rounds {
@@ -2161,7 +2241,11 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 r += 1;
             }
             // Every round issued was waited for: stage 0 is free.
-            filter_end_row(out, smem, row, &st, &mut parity, args.mode);
+            if arch::cluster_nctarank() == 1 {
+                filter_end_row(out, smem, row, &st, &mut parity, args.mode);
+            } else {
+                filter_merge_end_row(out, smem, row, &st, &mut parity, args.mode);
+            }
             row += arch::grid_dim_y();
         }
     }
