@@ -350,13 +350,31 @@ const FILTER_FIXED_US: f64 = 13.0;
 const FILTER_US_PER_ELEM: f64 = 0.105e-3;
 
 /// Added time of a split filter row: the second select and the merge
-/// through distributed shared memory (an estimate, not yet measured).
-const FILTER_MERGE_US: f64 = 1.5;
+/// through distributed shared memory. Fitted on the H200 (session 11, V =
+/// 128256, k = 50: clusters of 4 16.2 us at B = 1, 18.5 at B = 16, of 3
+/// 19.9 at B = 32, of 2 22.1 at B = 64), so that at B <= 4 clusters of 16
+/// radix CTAs (15.7 us) win.
+const FILTER_MERGE_US: f64 = 2.0;
+
+// The row end's cost grows with k (the sort of the slab and the top-p
+// cut): per unit of the largest k above 50, fitted on the H200 (session 11,
+// V = 128256, k = 1000 against 50): about 14 us more on the radix routes at
+// B = 2 to 16, 22 to 25 us on the filter routes (one CTA or a cluster of 2
+// to 4 per row) at B = 2 to 128, whose row end runs in one CTA with the
+// whole candidate set.
+const RADIX_US_PER_K: f64 = 0.015;
+const FILTER_US_PER_K: f64 = 0.025;
+
+/// The row end's added time for a largest k of `max_k` at `per_k` us per
+/// unit above 50.
+fn k_cost_us(max_k: u32, per_k: f64) -> f64 {
+    f64::from(max_k.saturating_sub(50)) * per_k
+}
 
 /// Estimated time of a launch of the filter route split over clusters of
 /// `ctas` (at least [`MIN_CHUNK`] elements each); infinite where the GPU
 /// cannot run one.
-fn filter_cluster_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
+fn filter_cluster_time_us(rows: &Rows, max_k: u32, ctas: u32, caps: &RadixCaps) -> f64 {
     let at_once = caps
         .filter_cluster_slots
         .get(ctas as usize)
@@ -366,23 +384,30 @@ fn filter_cluster_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps) -> f64 {
     }
     let waves = (rows.batch.max(1) as u64).div_ceil(at_once) as f64;
     let part = (rows.vocab as u64).div_ceil(u64::from(ctas)) as f64;
-    waves * (FILTER_FIXED_US + FILTER_MERGE_US + part * FILTER_US_PER_ELEM)
+    waves
+        * (FILTER_FIXED_US
+            + FILTER_MERGE_US
+            + part * FILTER_US_PER_ELEM
+            + k_cost_us(max_k, FILTER_US_PER_K))
 }
 
 /// Estimated time of a filter launch; infinite where the GPU cannot run
 /// one.
-fn filter_time_us(rows: &Rows, caps: &RadixCaps) -> f64 {
+fn filter_time_us(rows: &Rows, max_k: u32, caps: &RadixCaps) -> f64 {
     let rows_at_once = u64::from(caps.sm_count) * u64::from(caps.filter_ctas_per_sm);
     if rows_at_once == 0 {
         return f64::INFINITY;
     }
     let waves = (rows.batch.max(1) as u64).div_ceil(rows_at_once) as f64;
-    waves * (FILTER_FIXED_US + rows.vocab as f64 * FILTER_US_PER_ELEM)
+    waves
+        * (FILTER_FIXED_US
+            + rows.vocab as f64 * FILTER_US_PER_ELEM
+            + k_cost_us(max_k, FILTER_US_PER_K))
 }
 
 /// Estimated time of a radix launch with `ctas` CTAs per row, as clusters
 /// (`clustered`) or plain CTAs; infinite where the GPU cannot run one row.
-fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f64 {
+fn radix_time_us(rows: &Rows, max_k: u32, ctas: u32, caps: &RadixCaps, clustered: bool) -> f64 {
     let ctas = ctas.max(1);
     let chunk = (rows.vocab as u64).div_ceil(u64::from(ctas));
     let uncached = chunk.saturating_sub(u64::from(caps.cache_elems));
@@ -401,7 +426,8 @@ fn radix_time_us(rows: &Rows, ctas: u32, caps: &RadixCaps, clustered: bool) -> f
         * (CTA_FIXED_US
             + f64::from(ctas.saturating_sub(8)) * US_PER_CTA_ABOVE_8
             + chunk as f64 * US_PER_ELEM
-            + uncached as f64 * US_PER_REREAD)
+            + uncached as f64 * US_PER_REREAD
+            + k_cost_us(max_k, RADIX_US_PER_K))
 }
 
 /// The route of a request of `rows` with largest `top_k` `max_k` on a GPU
@@ -451,16 +477,16 @@ pub fn plan_route(rows: &Rows, max_k: u32, caps: &RadixCaps) -> Route {
     };
     // One CTA per row is a cluster of one where the GPU has clusters.
     let clustered = caps.max_cluster >= 1;
-    let mut best = (1u32, radix_time_us(rows, 1, caps, clustered));
+    let mut best = (1u32, radix_time_us(rows, max_k, 1, caps, clustered));
     for ctas in 2..=limit as u32 {
-        let t = radix_time_us(rows, ctas, caps, caps.max_cluster >= 2);
+        let t = radix_time_us(rows, max_k, ctas, caps, caps.max_cluster >= 2);
         if t < best.1 {
             best = (ctas, t);
         }
     }
-    let mut filter = (Route::Filter, filter_time_us(rows, caps));
+    let mut filter = (Route::Filter, filter_time_us(rows, max_k, caps));
     for ctas in 2..=MAX_FILTER_CLUSTER {
-        let t = filter_cluster_time_us(rows, ctas, caps);
+        let t = filter_cluster_time_us(rows, max_k, ctas, caps);
         if t < filter.1 {
             filter = (Route::FilterCluster { ctas }, t);
         }
@@ -1283,8 +1309,31 @@ mod tests {
         assert_eq!(long, Route::Cluster { ctas: 16 });
         let short = plan_route(&Rows::contiguous(1, 32_768), 50, &h200_16);
         assert_eq!(short, Route::Cluster { ctas: 8 });
-        let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 1, &H200, true);
-        let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 8, &H200, true);
+        // Filter clusters of 2 to 4 (session 11, V = 128256, the slots of the
+        // radix clusters of session 6): clusters of 16
+        // radix CTAs at B <= 4 and at k = 1000 up to B = 16, the split filter
+        // from B = 8 at k = 50 and from B = 32 at k = 1000, one filter CTA a
+        // row once the clusters need a second wave.
+        let h200_fc = RadixCaps {
+            filter_cluster_slots: [0, 0, 66, 39, 30],
+            ..h200_16
+        };
+        for (batch, k, want) in [
+            (1, 50, Route::Cluster { ctas: 16 }),
+            (4, 50, Route::Cluster { ctas: 16 }),
+            (8, 50, Route::FilterCluster { ctas: 4 }),
+            (16, 50, Route::FilterCluster { ctas: 4 }),
+            (32, 50, Route::FilterCluster { ctas: 3 }),
+            (64, 50, Route::FilterCluster { ctas: 2 }),
+            (128, 50, Route::Filter),
+            (1, 1000, Route::Cluster { ctas: 16 }),
+            (32, 1000, Route::FilterCluster { ctas: 3 }),
+        ] {
+            let got = plan_route(&Rows::contiguous(batch, 128_256), k, &h200_fc);
+            assert_eq!(got, want, "B={batch} k={k}");
+        }
+        let t1 = radix_time_us(&Rows::contiguous(128, 128_256), 50, 1, &H200, true);
+        let t8 = radix_time_us(&Rows::contiguous(128, 128_256), 50, 8, &H200, true);
         assert!(t1.is_finite() && t8.is_finite() && t1 > 0.0 && t8 > 0.0);
     }
 }
