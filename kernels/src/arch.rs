@@ -577,6 +577,16 @@ pub fn barrier_cluster_wait() {
     unsafe { asm!("barrier.cluster.wait;", options(nostack)) };
 }
 
+/// [`barrier_cluster_arrive`] then [`barrier_cluster_wait`]: a barrier
+/// over every thread of the cluster, with release and acquire semantics at
+/// cluster scope (sm_90).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn cluster_sync() {
+    barrier_cluster_arrive();
+    barrier_cluster_wait();
+}
+
 /// `mapa.shared::cluster.u32`: the distributed-shared-memory address of
 /// shared address `addr` in the cluster's block `rank` (sm_90).
 #[cfg(target_feature = "sm_90")]

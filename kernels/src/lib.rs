@@ -73,6 +73,8 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_mask_f32",
     "topk_topp_apply_f32",
     "topk_topp_sample_f32",
+    "topk_topp_cluster_mask_f32",
+    "topk_topp_cluster_sample_f32",
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",
     "radix_topk_filter_f32",
@@ -169,6 +171,20 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "topk_topp_filter_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    // Two cluster CTAs per SM (their registers; shared memory allows three):
+    // a row's cluster of up to 16 spreads over 8 SMs at least.
+    LaunchBounds {
+        kernel: "topk_topp_cluster_mask_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "topk_topp_cluster_sample_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
         modules: Modules::All,
     },
     // One filter CTA per SM (its candidate buffer): ptxas may use up to 128

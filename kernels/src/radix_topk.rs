@@ -451,13 +451,6 @@ impl Exchange for Solo {
 struct Dsmem;
 
 #[cfg(target_feature = "sm_90")]
-#[inline(always)]
-fn cluster_sync() {
-    arch::barrier_cluster_arrive();
-    arch::barrier_cluster_wait();
-}
-
-#[cfg(target_feature = "sm_90")]
 impl Exchange for Dsmem {
     #[inline(always)]
     fn rank(&self) -> u32 {
@@ -476,7 +469,7 @@ impl Exchange for Dsmem {
     unsafe fn share(&self, _smem: Smem, _parity: u32) {
         // Release / acquire: every CTA's histogram writes are visible to
         // every CTA of the cluster after it.
-        cluster_sync();
+        arch::cluster_sync();
     }
     #[inline(always)]
     unsafe fn load4(&self, smem: Smem, parity: u32, rank: u32, group: u32) -> [u32; 4] {
@@ -514,7 +507,7 @@ impl Exchange for Dsmem {
     }
     #[inline(always)]
     unsafe fn end_gather(&self, smem: Smem) -> u32 {
-        cluster_sync();
+        arch::cluster_sync();
         // SAFETY: a control word of this block, final after the barrier
         // (only rank 0's value is used).
         unsafe { core::ptr::read_volatile(smem.ctl(CTL_GATHERED)) }
@@ -1051,7 +1044,7 @@ unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> 
         if tid == 0 {
             *smem.slice_total() = total as u32;
         }
-        cluster_sync();
+        arch::cluster_sync();
 
         // The slice holding the crossing: lane l reads slice l's total;
         // higher slices hold higher digits.
@@ -2033,7 +2026,7 @@ unsafe fn filter_merge_end_row(
         if rank == 0 && tid == 0 {
             core::ptr::write_volatile(smem.ctl(CTL_MERGED), 0);
         }
-        cluster_sync();
+        arch::cluster_sync();
         let count = arch::mapa_shared_cluster(arch::smem_addr(smem.ctl(CTL_MERGED)), 0);
         let buf = arch::mapa_shared_cluster(arch::smem_addr(smem.candidates()), 0);
         let gather = smem.gather();
@@ -2053,7 +2046,7 @@ unsafe fn filter_merge_end_row(
             }
             i += THREADS;
         }
-        cluster_sync();
+        arch::cluster_sync();
         if rank == 0 {
             let merged = core::ptr::read_volatile(smem.ctl(CTL_MERGED));
             let (_, n) = filter_narrow(smem, merged, st.k, 0, parity);

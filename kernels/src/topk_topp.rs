@@ -1219,6 +1219,57 @@ fn chunk_block(batch: u32, vocab: u32, ws: *mut u64) -> (u32, u32, Slots) {
     (r, c, slots)
 }
 
+/// One chunk's statistics partial ([`RowStats`] of chunk `c` of `row`,
+/// shifted by `shift`), written to its slot.
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; `c` is a chunk of the row.
+#[inline(always)]
+unsafe fn stats_chunk(row: Row, c: u32, shift: f32, slots: Slots, smem: *mut u8) {
+    let mut st = RowStats::EMPTY;
+    // SAFETY: forwarded.
+    unsafe {
+        Row::chunk(row, c).scan(|ok, _, _, x| {
+            if ok {
+                st.add(x, shift)
+            }
+        });
+        let st = block_reduce(st, smem as *mut RowStats);
+        if arch::thread_idx_x() == 0 {
+            *slots.stats(c) = st;
+        }
+    }
+}
+
+/// The row's [`RowPlan`] from its merged statistics.
+#[inline(always)]
+fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan {
+    if stats.is_valid() {
+        let plan = plan_of(stats, shift, vocab, params);
+        let min_key = plan.weights.min_p_key();
+        RowPlan {
+            plan,
+            keys: [plan.t1.max(min_key), plan.t2.max(min_key), min_key],
+            flags: 1 | (u32::from(plan.topp && !plan.topk) << 1),
+        }
+    } else {
+        RowPlan {
+            plan: Plan {
+                k: 0,
+                topk: false,
+                top_p: 1.0,
+                topp: false,
+                weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
+                prefiltered: false,
+                t1: 0,
+                t2: 0,
+            },
+            keys: [u32::MAX; 3],
+            flags: 0,
+        }
+    }
+}
+
 /// Pass 1: the statistics ([`RowStats`]) of one chunk of a row.
 ///
 /// # Launch
@@ -1240,17 +1291,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let shift = RowStats::shift_of(*row.ptr);
-        let mut st = RowStats::EMPTY;
-        Row::chunk(row, c).scan(|ok, _, _, x| {
-            if ok {
-                st.add(x, shift)
-            }
-        });
-        let st = block_reduce(st, smem as *mut RowStats);
-        if arch::thread_idx_x() == 0 {
-            *slots.stats(c) = st;
-        }
+        stats_chunk(row, c, RowStats::shift_of(*row.ptr), slots, smem);
     }
 }
 
@@ -1286,31 +1327,8 @@ pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
         if arch::thread_idx_x() != 0 {
             return;
         }
-        let out = if stats.is_valid() {
-            let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-            let plan = plan_of(&stats, shift, vocab, params);
-            let min_key = plan.weights.min_p_key();
-            RowPlan {
-                plan,
-                keys: [plan.t1.max(min_key), plan.t2.max(min_key), min_key],
-                flags: 1 | (u32::from(plan.topp && !plan.topk) << 1),
-            }
-        } else {
-            RowPlan {
-                plan: Plan {
-                    k: 0,
-                    topk: false,
-                    top_p: 1.0,
-                    topp: false,
-                    weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
-                    prefiltered: false,
-                    t1: 0,
-                    t2: 0,
-                },
-                keys: [u32::MAX; 3],
-                flags: 0,
-            }
-        };
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        let out = row_plan(&stats, shift, vocab, params);
         *slots.plan() = out;
     }
 }
@@ -1336,16 +1354,28 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
     pass_start();
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
-    let tid = arch::thread_idx_x();
-    // SAFETY: the launch contract in the module docs covers every access;
-    // control flow depends only on the row's plan (uniform).
+    // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let plan = *slots.plan();
-        if plan.flags & 1 == 0 {
-            // The selection kernels read no partial of such a row.
-            return;
-        }
+        filter_chunk(row, c, *slots.plan(), slots, smem);
+    }
+}
+
+/// One chunk's pre-filter tiers and candidate list (see
+/// [`topk_topp_filter_f32`]) under the row's plan `plan`; nothing for a row
+/// with nothing finite and no +inf (the selection reads no partial of it).
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; `c` is a chunk of the row.
+#[inline(always)]
+unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut u8) {
+    let tid = arch::thread_idx_x();
+    if plan.flags & 1 == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract covers every access; control flow
+    // depends only on the row's plan (uniform).
+    unsafe {
         let (w, k) = (plan.plan.weights, plan.keys);
         let mass_needed = plan.flags & 2 != 0;
         let chunk = Row::chunk(row, c);
@@ -1412,7 +1442,24 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let slots = Slots::new(ws, batch, vocab, r);
+        mask_row(
+            row,
+            Slots::new(ws, batch, vocab, r),
+            kept.add(r as usize),
+            smem,
+        );
+    }
+}
+
+/// The mask kernel's work for one row: its cut to its slot, its kept count
+/// to `*kept`.
+///
+/// # Safety
+/// As [`select`]; `kept` is writable.
+#[inline(always)]
+unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, smem: *mut u8) {
+    // SAFETY: forwarded.
+    unsafe {
         let (sel, src) = select(row, slots, smem);
         let cut = sel.cut;
         let mut g = Group::EMPTY;
@@ -1423,7 +1470,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
         });
         let g = block_reduce(g, smem as *mut Group);
         if arch::thread_idx_x() == 0 {
-            *kept.add(r as usize) = g.n;
+            *kept = g.n;
             let out = slots.cut();
             *out = cut.key;
             *out.add(1) = cut.index_end;
@@ -1454,11 +1501,30 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
     pass_start();
     let (r, c, slots) = chunk_block(batch, vocab, ws);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
-    let tid = arch::thread_idx_x();
-    // SAFETY: the launch contract in the module docs covers every access;
-    // the bitmap is `TOPK_TOPP_CHUNK / 32` words after the reduction slots.
+    // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
-        let ptr = logits.add(r as usize * row_stride as usize);
+        apply_chunk(
+            logits.add(r as usize * row_stride as usize),
+            vocab,
+            c,
+            slots,
+            smem,
+        )
+    }
+}
+
+/// The apply kernel's work for chunk `c` of the row of `vocab` logits at
+/// `ptr`; ends with a block barrier (the next chunk's bitmap may follow).
+///
+/// # Safety
+/// As [`block_reduce`]; the row is writable; its cut is in its slot (and
+/// visible to the block).
+#[inline(always)]
+unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mut u8) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the caller's contract covers every access; the bitmap is
+    // `TOPK_TOPP_CHUNK / 32` words after the reduction slots.
+    unsafe {
         let chunk = Row::chunk(Row::whole(ptr, vocab), c);
         let at = slots.cut();
         let cut = Cut {
@@ -1471,6 +1537,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
                     *ptr.add(i as usize) = f32::NEG_INFINITY;
                 }
             });
+            arch::bar_sync();
             return;
         }
         let bits = smem.add(REDUCE_BYTES) as *mut u32;
@@ -1524,6 +1591,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
                 l += ROW_THREADS;
             }
         }
+        arch::bar_sync();
     }
 }
 
@@ -1555,20 +1623,48 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
 ) {
     pass_start();
     let r = arch::block_idx_x();
-    let tid = arch::thread_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
-    // SAFETY: the launch contract in the module docs covers every access;
-    // control flow depends only on block-reduced values (uniform).
+    // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let slots = Slots::new(ws, batch, vocab, r);
         let r = r as usize;
+        sample_row(
+            row,
+            Slots::new(ws, batch, vocab, r as u32),
+            *seed.add(r),
+            *offset.add(r),
+            tokens.add(r),
+            valid.add(r),
+            smem,
+        );
+    }
+}
+
+/// The sample kernel's work for one row: its token to `*token_out` and
+/// its validity to `*valid`, drawn with `(seed, offset)`.
+///
+/// # Safety
+/// As [`select`]; `token_out` and `valid` are writable.
+#[inline(always)]
+unsafe fn sample_row(
+    row: Row,
+    slots: Slots,
+    seed: u64,
+    offset: u64,
+    token_out: *mut u32,
+    valid: *mut u8,
+    smem: *mut u8,
+) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the caller's contract covers every access; control flow
+    // depends only on block-reduced values (uniform).
+    unsafe {
         let (sel, src) = select(row, slots, smem);
         if !sel.valid {
             if tid == 0 {
-                *tokens.add(r) = 0;
-                *valid.add(r) = 0;
+                *token_out = 0;
+                *valid = 0;
             }
             return;
         }
@@ -1583,11 +1679,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
             }
         });
         let g = block_reduce(g, smem as *mut Group);
-        let u = noise::uniform_open(philox::row_uniform_bits(
-            philox::seed_key(*seed.add(r)),
-            *offset.add(r),
-            0,
-        ));
+        let u = noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0));
         let target = f64::from(u) * g.mass;
         // The first key whose cumulative mass (from the top) reaches the
         // target, then among its tied kept elements the one whose own
@@ -1626,8 +1718,187 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
             !tie_index(src, key, take, count, kept, smem)
         };
         if tid == 0 {
-            *tokens.add(r) = if token < vocab { token } else { 0 };
-            *valid.add(r) = 1;
+            *token_out = if token < row.n { token } else { 0 };
+            *valid = 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One launch per call: a thread block cluster per row.
+// ---------------------------------------------------------------------------
+
+/// This block's rank in its row's cluster and the cluster's size (a
+/// cluster of one before sm_90, where the host launches no larger one).
+#[inline(always)]
+fn row_cluster() -> (u32, u32) {
+    #[cfg(target_feature = "sm_90")]
+    {
+        (arch::cluster_ctarank(), arch::cluster_nctarank())
+    }
+    #[cfg(not(target_feature = "sm_90"))]
+    {
+        (0, 1)
+    }
+}
+
+/// A barrier over the row's cluster: every block's global-memory writes
+/// before it are visible to every block of the cluster after it (release
+/// and acquire at cluster scope; a block barrier in a cluster of one).
+#[inline(always)]
+fn row_cluster_sync() {
+    #[cfg(target_feature = "sm_90")]
+    arch::cluster_sync();
+    #[cfg(not(target_feature = "sm_90"))]
+    arch::bar_sync();
+}
+
+/// The cluster kernels' common start for block `rank` of the `size` of
+/// the row's cluster: the statistics of its chunks (`rank`, `rank + size`,
+/// ...), the row's plan (every block computes it from the merged
+/// statistics, the same bits; the first block also writes it to the
+/// row's slot for the selection), then the pre-filter of its chunks, each
+/// step after a barrier over the cluster. On return every partial the
+/// selection reads is visible to the whole cluster.
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; every block of the cluster calls
+/// it; the row's chunks are `slots.lay.chunks`.
+#[inline(always)]
+unsafe fn cluster_prefilter(
+    row: Row,
+    rank: u32,
+    size: u32,
+    slots: Slots,
+    params: Params,
+    smem: *mut u8,
+) {
+    let chunks = slots.lay.chunks;
+    // SAFETY: forwarded; control flow depends only on the row's merged
+    // statistics and plan (uniform over the cluster).
+    unsafe {
+        let shift = RowStats::shift_of(*row.ptr);
+        let mut c = rank;
+        while c < chunks {
+            stats_chunk(row, c, shift, slots, smem);
+            c += size;
+        }
+        row_cluster_sync();
+        let stats = merged_stats(slots, smem);
+        let plan = row_plan(&stats, shift, row.n, params);
+        if rank == 0 && arch::thread_idx_x() == 0 {
+            *slots.plan() = plan;
+        }
+        let mut c = rank;
+        while c < chunks {
+            filter_chunk(row, c, plan, slots, smem);
+            c += size;
+        }
+        row_cluster_sync();
+    }
+}
+
+/// [`topk_topp_mask_f32`] and [`topk_topp_apply_f32`] in one launch, a
+/// thread block cluster per row: the blocks of a row's cluster share its
+/// chunks (`rank`, `rank + size`, ...) for the statistics, the pre-filter
+/// and the masking writes, each step after a barrier over the cluster, and
+/// its first block runs the selection. The same results as the chunked
+/// passes (the same partials, merged in the same order).
+///
+/// # Launch
+/// Grid `(batch * size, 1, 1)` in clusters of `size` (1 to 16) blocks of
+/// [`ROW_THREADS`], [`TOPK_TOPP_SMEM_BYTES`] of dynamic shared memory.
+///
+/// # Safety
+/// See the module docs (the parameters of the plan kernel too); no other
+/// kernel of the call.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
+    logits: *mut f32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    kept: *mut u32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (rank, size) = row_cluster();
+    let r = arch::block_idx_x() / size.max(1);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract covers every access; control flow
+    // depends only on the rank and on cluster-merged values (uniform over
+    // each block).
+    unsafe {
+        let ptr = logits.add(r as usize * row_stride as usize);
+        let row = Row::whole(ptr, vocab);
+        let slots = Slots::new(ws, batch, vocab, r);
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        cluster_prefilter(row, rank, size, slots, params, smem);
+        if rank == 0 {
+            mask_row(row, slots, kept.add(r as usize), smem);
+        }
+        row_cluster_sync();
+        let mut c = rank;
+        while c < slots.lay.chunks {
+            apply_chunk(ptr, vocab, c, slots, smem);
+            c += size;
+        }
+    }
+}
+
+/// [`topk_topp_sample_f32`] and the passes before it in one launch, a
+/// thread block cluster per row (as [`topk_topp_cluster_mask_f32`]; the
+/// first block of the row's cluster draws the token).
+///
+/// # Launch
+/// As [`topk_topp_cluster_mask_f32`].
+///
+/// # Safety
+/// See the module docs (the parameters of the plan kernel too); no other
+/// kernel of the call.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
+    logits: *const f32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (rank, size) = row_cluster();
+    let r = arch::block_idx_x() / size.max(1);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: as `topk_topp_cluster_mask_f32`.
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let slots = Slots::new(ws, batch, vocab, r);
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        cluster_prefilter(row, rank, size, slots, params, smem);
+        if rank == 0 {
+            let r = r as usize;
+            sample_row(
+                row,
+                slots,
+                *seed.add(r),
+                *offset.add(r),
+                tokens.add(r),
+                valid.add(r),
+                smem,
+            );
         }
     }
 }
