@@ -28,10 +28,13 @@
 //! Each measurement is one untimed warm-up sample, then the median of up to
 //! 7 samples within about 80 ms of kernel time.
 //!
-//! First table, per case: the floor at the read bandwidth measured in this
-//! run (masking reads and writes B x V x 4 bytes, sampling reads them
-//! once), the kernel's median time per call, their ratio, and for masking
-//! the target (1.5 x floor + 5 us for B >= 8, 15 us at B = 1).
+//! First table, per case: the planned route, the floor at the read
+//! bandwidth measured in this run (masking reads and writes B x V x 4
+//! bytes, sampling reads them once), the kernel's median time per call,
+//! their ratio, for masking the target (1.5 x floor + 5 us for B >= 8, 15
+//! us at B = 1), and up to B = 128 the time of the other route (the chunked
+//! passes against the cluster route of the row's size, where the GPU runs
+//! it) in the same run.
 //!
 //! Second table, per (V, distribution, k, p): the selection statistics of
 //! the portable driver the kernels run (`flashsample::kernels::pivot::
@@ -56,7 +59,9 @@ use std::sync::Arc;
 use common::Dist;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use flashsample::kernels::pivot::{self, Prefilter, Selection};
-use flashsample::{Device, Result, Rows, SampleOutput, TruncParams, Workspace};
+use flashsample::{
+    Device, Result, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace, plan_topk_topp_route,
+};
 use harness::{L2_BYTES, time_us};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -208,7 +213,7 @@ fn main() -> Result<()> {
     .ok();
     writeln!(
         table,
-        "| case | floor us | kernel us | ratio | target us | ok |\n|---|---|---|---|---|---|"
+        "| case | route | floor us | kernel us | ratio | target us | ok | other route | other us |\n|---|---|---|---|---|---|---|---|---|"
     )
     .ok();
     let mut stats = String::from(
@@ -290,36 +295,66 @@ fn main() -> Result<()> {
                     } else {
                         1.5 * mask_floor + 5.0
                     };
-                    let t_mask = pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
-                        dev.top_k_top_p_mask_logits(&stream, logits, shape, &params, &mut kept, ws)
-                    })?;
-                    let t_sample = pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
-                        dev.sample_top_k_top_p(
-                            &stream,
-                            &logits.as_view(),
-                            shape,
-                            &params,
-                            &mut out,
-                            ws,
-                        )
-                    })?;
+                    let planned = dev.topk_topp_route(shape);
+                    // The other route, up to B = 128, where the GPU runs it.
+                    let caps = dev.topk_topp_caps();
+                    let cluster = plan_topk_topp_route(&Rows::contiguous(1, vocab), &caps);
+                    let other = match planned {
+                        TopkToppRoute::Cluster { .. } => Some(TopkToppRoute::Chunked),
+                        TopkToppRoute::Chunked => {
+                            Some(cluster).filter(|c| *c != TopkToppRoute::Chunked)
+                        }
+                    }
+                    .filter(|_| batch <= 128);
+                    let mut times = [[f64::NAN; 2]; 2];
+                    for (i, route) in [Some(planned), other].into_iter().enumerate() {
+                        let Some(route) = route else { continue };
+                        ws.force_topk_topp_route(Some(route));
+                        times[i][0] =
+                            pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                                dev.top_k_top_p_mask_logits(
+                                    &stream, logits, shape, &params, &mut kept, ws,
+                                )
+                            })?;
+                        times[i][1] =
+                            pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                                dev.sample_top_k_top_p(
+                                    &stream,
+                                    &logits.as_view(),
+                                    shape,
+                                    &params,
+                                    &mut out,
+                                    ws,
+                                )
+                            })?;
+                    }
+                    ws.force_topk_topp_route(None);
+                    let [[t_mask, t_sample], [o_mask, o_sample]] = times;
+                    let route_name = |r: TopkToppRoute| match r {
+                        TopkToppRoute::Chunked => "chunked".to_string(),
+                        TopkToppRoute::Cluster { ctas } => format!("cluster {ctas}"),
+                    };
+                    let other_name = other.map_or("-".to_string(), route_name);
                     let ok = t_mask <= target;
                     failures += usize::from(!ok);
                     writeln!(
                         table,
-                        "| top_k_top_p_mask_logits {case} | {mask_floor:.1} | {t_mask:.1} | {:.2} | {target:.1} | {} |",
+                        "| top_k_top_p_mask_logits {case} | {} | {mask_floor:.1} | {t_mask:.1} | {:.2} | {target:.1} | {} | {other_name} | {o_mask:.1} |",
+                        route_name(planned),
                         t_mask / mask_floor,
                         if ok { "yes" } else { "NO" }
                     )
                     .ok();
                     writeln!(
                         table,
-                        "| sample_top_k_top_p {case} | {floor:.1} | {t_sample:.1} | {:.2} | - | - |",
+                        "| sample_top_k_top_p {case} | {} | {floor:.1} | {t_sample:.1} | {:.2} | - | - | {other_name} | {o_sample:.1} |",
+                        route_name(planned),
                         t_sample / floor
                     )
                     .ok();
                     println!(
-                        "{case}: mask {t_mask:.1} us (floor {mask_floor:.1}), sample {t_sample:.1} us (floor {floor:.1})"
+                        "{case}: {} mask {t_mask:.1} us (floor {mask_floor:.1}), sample {t_sample:.1} us (floor {floor:.1}); {other_name} mask {o_mask:.1} sample {o_sample:.1}",
+                        route_name(planned)
                     );
                 }
                 // `kept` holds the last mask call's counts, at MAX_BATCH.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{Coverage, DISTS, Dist, Mismatches};
 use cudarc::driver::CudaStream;
 use flashsample::reference::{self, SamplingParams};
-use flashsample::{Device, Rows, SampleOutput, TruncParams, Workspace};
+use flashsample::{Device, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -523,6 +523,89 @@ fn topk_rows_whose_candidates_overflow_the_lists_match_float64_reference() {
     report.assert_none("top-k/top-p rows that overflow the lists");
 }
 
+/// The cluster route (one launch, a cluster of blocks per row) gives the
+/// chunked passes' results bit for bit, whatever the cluster's size, and
+/// both equal the reference: random rows, crowded rows (the selection
+/// reads the row) and bf16 ties at V = 32000, 151936 (19 chunks, uneven
+/// over 16 blocks) and 262144. A cluster size the GPU does not run is
+/// skipped with a message.
+#[test]
+fn topk_cluster_route_matches_the_chunked_passes() {
+    const TEST: &str = "topk_cluster_route_matches_the_chunked_passes";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let caps = dev.topk_topp_caps();
+    for vocab in [32_000, 151_936, 262_144] {
+        let mut b = Batch::crowded(&mut rng, 4, vocab);
+        let fits = Batch::random(&mut rng, 28, vocab);
+        b.logits.extend_from_slice(&fits.logits);
+        b.params.extend_from_slice(&fits.params);
+        b.what.extend_from_slice(&fits.what);
+        b.rows = Rows::contiguous(32, vocab);
+        let params = b.upload(&stream);
+        ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
+        let want_mask = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        let planned = dev.topk_topp_route(Rows::contiguous(1, vocab));
+        let mut sizes = vec![1, 2, 3, 16];
+        if let TopkToppRoute::Cluster { ctas } = planned {
+            sizes.push(ctas);
+        }
+        for ctas in sizes {
+            if caps.cluster_slots[ctas as usize] == 0 {
+                println!("{TEST}: V={vocab}: clusters of {ctas} not run on this GPU, skipped");
+                continue;
+            }
+            ws.force_topk_topp_route(Some(TopkToppRoute::Cluster { ctas }));
+            let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+            report.check(kept == want_mask.1, || {
+                format!("V={vocab} cluster of {ctas}: kept counts differ from the chunked passes")
+            });
+            let same = masked
+                .iter()
+                .zip(&want_mask.0)
+                .all(|(a, c)| a.to_bits() == c.to_bits());
+            report.check(same, || {
+                format!("V={vocab} cluster of {ctas}: masked logits differ from the chunked passes")
+            });
+            let tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+            report.check(tokens == want_tokens, || {
+                format!("V={vocab} cluster of {ctas}: tokens differ from the chunked passes")
+            });
+        }
+        // The planned route of the whole batch against the reference.
+        ws.force_topk_topp_route(None);
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+        // And a cluster route explicitly, when the GPU runs clusters.
+        if let TopkToppRoute::Cluster { ctas } = planned {
+            ws.force_topk_topp_route(Some(TopkToppRoute::Cluster { ctas }));
+            check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+            check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+        }
+    }
+    // A forced cluster the GPU cannot run is an error, not a launch.
+    ws.force_topk_topp_route(Some(TopkToppRoute::Cluster { ctas: 17 }));
+    let b = Batch::random(&mut rng, 2, 4099);
+    let params = b.upload(&stream);
+    let mut d = stream.clone_htod(&b.logits).unwrap();
+    let mut kept = stream.alloc_zeros::<u32>(2).unwrap();
+    let err = dev.top_k_top_p_mask_logits(
+        &stream,
+        &mut d.as_view_mut(),
+        b.rows,
+        &params,
+        &mut kept,
+        &mut ws,
+    );
+    report.check(err.is_err(), || "a cluster of 17 was accepted".to_string());
+    report.assert_none("top-k/top-p cluster route against the chunked passes");
+}
+
 /// Masking and sampling over tiny, small and large vocabularies and a
 /// strided view; the bundle runs this under compute-sanitizer.
 #[test]
@@ -554,12 +637,30 @@ fn sanitize_topk_paths() {
         .collect();
     // Candidates that overflow a chunk's list: the selection reads the row.
     batches.push(Batch::crowded(&mut rng, 4, 20_001));
+    // Every batch on the chunked passes, on a cluster of one and on the
+    // largest cluster its row has blocks for (chunks of 8192 elements;
+    // where the GPU runs it).
+    let caps = dev.topk_topp_caps();
     for b in &batches {
-        check_mask_batch(&dev, &stream, b, &mut ws, &mut report);
-        coverage.case(&MASK);
-        check_sample_batch(&dev, &stream, b, &mut ws, &mut report);
-        coverage.case(&SAMPLE);
+        let chunks = b.rows.vocab.div_ceil(8192) as u32;
+        let mut routes = vec![TopkToppRoute::Chunked, TopkToppRoute::Cluster { ctas: 1 }];
+        if chunks > 1 && caps.cluster_slots[chunks as usize] > 0 {
+            routes.push(TopkToppRoute::Cluster { ctas: chunks });
+        }
+        for route in routes {
+            ws.force_topk_topp_route(Some(route));
+            check_mask_batch(&dev, &stream, b, &mut ws, &mut report);
+            check_sample_batch(&dev, &stream, b, &mut ws, &mut report);
+            if route == TopkToppRoute::Chunked {
+                coverage.case(&MASK);
+                coverage.case(&SAMPLE);
+            } else {
+                coverage.case(&["topk_topp_cluster_mask_f32"]);
+                coverage.case(&["topk_topp_cluster_sample_f32"]);
+            }
+        }
     }
+    ws.force_topk_topp_route(None);
     // A strided view: rows 5000 apart, 4099 used.
     let b = Batch::random(&mut rng, 3, 4099);
     let stride = 5000;
@@ -597,7 +698,10 @@ fn sanitize_topk_paths() {
             });
         }
     }
-    coverage.case(&MASK);
+    coverage.case(&[match dev.topk_topp_route(rows) {
+        TopkToppRoute::Chunked => "topk_topp_apply_f32",
+        TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
+    }]);
     report.assert_none("sanitize: top-k/top-p paths");
     coverage.report(TEST);
 }

@@ -10,6 +10,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
 use crate::ptx;
+use crate::topk_topp::TopkToppCaps;
 
 /// The kernels of one loaded module.
 #[derive(Debug)]
@@ -33,6 +34,8 @@ pub(crate) struct Kernels {
     pub topk_topp_mask_f32: CudaFunction,
     pub topk_topp_apply_f32: CudaFunction,
     pub topk_topp_sample_f32: CudaFunction,
+    pub topk_topp_cluster_mask_f32: CudaFunction,
+    pub topk_topp_cluster_sample_f32: CudaFunction,
 }
 
 /// A multiprocessor's shared memory: what its resident blocks share, and
@@ -57,6 +60,7 @@ struct Inner {
     sm_count: u32,
     smem: SmemPerSm,
     kernels: Kernels,
+    topk_topp: TopkToppCaps,
     _module: Arc<CudaModule>,
 }
 
@@ -153,12 +157,14 @@ impl Device {
             topk_topp_mask_f32: f("topk_topp_mask_f32")?,
             topk_topp_apply_f32: f("topk_topp_apply_f32")?,
             topk_topp_sample_f32: f("topk_topp_sample_f32")?,
+            topk_topp_cluster_mask_f32: f("topk_topp_cluster_mask_f32")?,
+            topk_topp_cluster_sample_f32: f("topk_topp_cluster_sample_f32")?,
         };
-        crate::fused_lm_head::configure(arch, &kernels.fused_bf16, &kernels.fused_f16)?;
-        crate::topk_topp::configure(&kernels.topk_topp_mask_f32, &kernels.topk_topp_sample_f32)?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
+        crate::fused_lm_head::configure(arch, &kernels.fused_bf16, &kernels.fused_f16)?;
+        let topk_topp = crate::topk_topp::configure(&ctx, arch, sm_count, &kernels)?;
         let smem = SmemPerSm {
             total: ctx.attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
@@ -173,6 +179,7 @@ impl Device {
             sm_count,
             smem,
             kernels,
+            topk_topp,
             _module: module,
         }));
         cache.insert(ordinal, dev.clone());
@@ -213,6 +220,11 @@ impl Device {
         &self.0.kernels
     }
 
+    /// What the top-k/top-p route planner knows of this GPU.
+    pub fn topk_topp_caps(&self) -> TopkToppCaps {
+        self.0.topk_topp
+    }
+
     /// Checks that `stream` belongs to this device's context.
     pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
         if Arc::ptr_eq(stream.context(), &self.0.ctx) {
@@ -243,37 +255,127 @@ impl Device {
         after_pass: bool,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        stream.context().bind_to_thread()?;
         // SAFETY: an all-zero attribute is a valid (ignored) attribute.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
         let dependent = after_pass && self.0.arch.starts_with("sm_90");
-        let launch = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(dependent),
+        let attrs = if dependent {
+            std::slice::from_mut(&mut attr)
+        } else {
+            &mut []
         };
-        // SAFETY: the caller's contract; `launch` and `attr` outlive the
-        // call.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &launch,
-                func.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()?
-        };
-        Ok(())
+        // SAFETY: the caller's contract.
+        unsafe { launch_ex(stream, func.cu_function(), cfg, attrs, args) }
     }
+
+    /// Launches `func` on `stream` in thread block clusters of `ctas`
+    /// blocks along x (the grid's x a multiple of it), after the stream's
+    /// previous work as usual.
+    ///
+    /// # Safety
+    /// As [`Device::launch_pass`]; the GPU runs clusters of `ctas` blocks
+    /// of `func` with this configuration ([`max_active_clusters`] > 0).
+    pub(crate) unsafe fn launch_cluster(
+        &self,
+        stream: &CudaStream,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        ctas: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let mut attr = cluster_attr(ctas);
+        // SAFETY: the caller's contract.
+        unsafe {
+            launch_ex(
+                stream,
+                func.cu_function(),
+                cfg,
+                std::slice::from_mut(&mut attr),
+                args,
+            )
+        }
+    }
+}
+
+/// Launches `func` through `cuLaunchKernelEx` with launch attributes
+/// `attrs`.
+///
+/// # Safety
+/// `args` point to values of the kernel's parameter types, in order;
+/// `cfg` and `attrs` satisfy the kernel's launch contract.
+pub(crate) unsafe fn launch_ex(
+    stream: &CudaStream,
+    func: sys::CUfunction,
+    cfg: LaunchConfig,
+    attrs: &mut [sys::CUlaunchAttribute],
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    stream.context().bind_to_thread()?;
+    let launch = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        numAttrs: attrs.len() as u32,
+    };
+    // SAFETY: the caller's contract; `launch` and `attrs` outlive the call.
+    unsafe {
+        sys::cuLaunchKernelEx(&launch, func, args.as_mut_ptr(), std::ptr::null_mut()).result()?
+    };
+    Ok(())
+}
+
+/// A thread block cluster of `ctas` blocks along x, as a launch attribute.
+pub(crate) fn cluster_attr(ctas: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is a valid (ignored) attribute.
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: ctas,
+        y: 1,
+        z: 1,
+    };
+    a
+}
+
+/// Clusters of `ctas` blocks of `threads` threads and `smem` bytes of
+/// dynamic shared memory each of `f` that the GPU runs at once (an error
+/// where it runs none of that size).
+pub(crate) fn max_active_clusters(
+    ctx: &Arc<CudaContext>,
+    f: sys::CUfunction,
+    ctas: u32,
+    threads: u32,
+    smem: u32,
+) -> Result<u32> {
+    ctx.bind_to_thread()?;
+    let mut attr = cluster_attr(ctas);
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: ctas,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n = 0;
+    // SAFETY: a loaded function and a complete configuration.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &cfg).result()? };
+    Ok(n.max(0) as u32)
 }
 
 /// A kernel parameter's address, as `cuLaunchKernelEx` takes it.

@@ -49,13 +49,13 @@ use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashsample_kernels::radix_select::{
     BUCKETS, FILTER_MAX_CAP, FILTER_MIN_CAP, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM,
     RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes, radix_smem_bytes,
 };
 
-use crate::device::Device;
+use crate::device::{Device, cluster_attr, launch_ex, max_active_clusters};
 use crate::error::{Result, param, shape};
 use crate::rows::Rows;
 use crate::sampling::{SampleOutput, Workspace};
@@ -646,7 +646,8 @@ impl RadixKernels {
         let mut cluster_slots = [0; MAX_CLUSTER as usize + 1];
         if clusters {
             for (c, n) in cluster_slots.iter_mut().enumerate().skip(1) {
-                *n = max_active_clusters(ctx, cluster, c as u32, smem_budget).unwrap_or(0);
+                *n = max_active_clusters(ctx, cluster.0, c as u32, RADIX_THREADS, smem_budget)
+                    .unwrap_or(0);
             }
         }
         let max_cluster = (1..=MAX_CLUSTER)
@@ -660,7 +661,8 @@ impl RadixKernels {
             let smem = filter_smem_bytes(filter_cap, filter_staged);
             for (c, n) in filter_cluster_slots.iter_mut().enumerate().skip(2) {
                 if c as u32 * GATHER_CAP <= filter_cap {
-                    *n = max_active_clusters(ctx, filter, c as u32, smem).unwrap_or(0);
+                    *n = max_active_clusters(ctx, filter.0, c as u32, RADIX_THREADS, smem)
+                        .unwrap_or(0);
                 }
             }
         }
@@ -684,40 +686,6 @@ impl RadixKernels {
             filter_staged,
         })
     }
-}
-
-/// Clusters of `ctas` CTAs with `smem` bytes each the GPU runs at once.
-fn max_active_clusters(ctx: &Arc<CudaContext>, f: Func, ctas: u32, smem: u32) -> Result<u32> {
-    ctx.bind_to_thread()?;
-    let mut attr = cluster_attr(ctas);
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: ctas,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: RADIX_THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem,
-        hStream: std::ptr::null_mut(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    let mut n = 0;
-    // SAFETY: a loaded function and a complete configuration.
-    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &cfg).result()? };
-    Ok(n.max(0) as u32)
-}
-
-fn cluster_attr(ctas: u32) -> sys::CUlaunchAttribute {
-    // SAFETY: an all-zero attribute is a valid (ignored) attribute.
-    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    a.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-        x: ctas,
-        y: 1,
-        z: 1,
-    };
-    a
 }
 
 fn cooperative_attr() -> sys::CUlaunchAttribute {
@@ -767,29 +735,26 @@ unsafe fn launch(
     kind: LaunchKind,
     args: &mut [*mut c_void],
 ) -> Result<()> {
-    stream.context().bind_to_thread()?;
     let mut attr = match kind {
         LaunchKind::Plain => None,
         LaunchKind::Cluster(c) => Some(cluster_attr(c)),
         LaunchKind::Cooperative => Some(cooperative_attr()),
     };
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: grid.0,
-        gridDimY: grid.1,
-        gridDimZ: 1,
-        blockDimX: RADIX_THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem,
-        hStream: stream.cu_stream(),
-        attrs: attr
-            .as_mut()
-            .map_or(std::ptr::null_mut(), |a| a as *mut sys::CUlaunchAttribute),
-        numAttrs: u32::from(attr.is_some()),
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (RADIX_THREADS, 1, 1),
+        shared_mem_bytes: smem,
     };
-    // SAFETY: the caller's contract; `cfg` and `attr` outlive the call.
-    unsafe { sys::cuLaunchKernelEx(&cfg, f.0, args.as_mut_ptr(), std::ptr::null_mut()).result()? };
-    Ok(())
+    // SAFETY: the caller's contract.
+    unsafe {
+        launch_ex(
+            stream,
+            f.0,
+            cfg,
+            attr.as_mut().map_or(&mut [], std::slice::from_mut),
+            args,
+        )
+    }
 }
 
 /// The device pointers of one radix launch (0 for buffers a mode leaves

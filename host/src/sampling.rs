@@ -11,6 +11,7 @@ use flashsample_kernels::params::{ROW_THREADS, RowSplit, sampling_seeded};
 use crate::device::Device;
 use crate::error::{Result, param, shape};
 use crate::rows::{DType, LogitElem, RowParams, Rows, SplitArg, split_for_batch, split_for_vocab};
+use crate::topk_topp::TopkToppRoute;
 
 /// Scratch memory of the multi-block kernels: per-block partial results,
 /// per-row tickets and per-row running maxima. Belongs to one stream at a
@@ -24,6 +25,7 @@ pub struct Workspace {
     partial: CudaSlice<u64>,
     counters: CudaSlice<u32>,
     keys: CudaSlice<u64>,
+    topk_topp_forced: Option<TopkToppRoute>,
 }
 
 impl Workspace {
@@ -33,7 +35,22 @@ impl Workspace {
             partial: stream.alloc_zeros(1)?,
             counters: stream.alloc_zeros(1)?,
             keys: stream.alloc_zeros(1)?,
+            topk_topp_forced: None,
         })
+    }
+
+    /// Serves every later top-k/top-p call through this workspace
+    /// ([`Device::top_k_top_p_mask_logits`], [`Device::sample_top_k_top_p`])
+    /// by `route` instead of the planned one (tests and benches compare
+    /// routes); `None` restores the planner. Calls reject a cluster the GPU
+    /// cannot run.
+    pub fn force_topk_topp_route(&mut self, route: Option<TopkToppRoute>) {
+        self.topk_topp_forced = route;
+    }
+
+    /// The forced top-k/top-p route, if any.
+    pub(crate) fn topk_topp_forced(&self) -> Option<TopkToppRoute> {
+        self.topk_topp_forced
     }
 
     /// Grows to hold `partial` words and `rows` tickets and maxima.

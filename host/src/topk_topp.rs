@@ -6,7 +6,11 @@
 //! every element (statistics; the pre-filter, which lists the candidates
 //! in the workspace; the masking writes), and one block per row runs the
 //! pivot rounds over the listed candidates (over the row when they do not
-//! fit). See the kernels' module docs for the passes.
+//! fit). See the kernels' module docs for the passes. Two routes
+//! ([`TopkToppRoute`]): the passes as five launches over the whole GPU, or
+//! (small batches, sm_90 on) in one launch of a thread block cluster per
+//! row whose blocks share the row's chunks, with barriers over the cluster
+//! between the passes.
 
 use std::sync::Arc;
 
@@ -17,7 +21,7 @@ use flashsample_kernels::params::{
     ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
 };
 
-use crate::device::{Device, kernel_arg};
+use crate::device::{Device, kernel_arg, max_active_clusters};
 use crate::error::{Result, param, shape};
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
@@ -100,6 +104,77 @@ impl TruncParams {
     }
 }
 
+/// Largest cluster of the cluster route: 16, Hopper's non-portable size.
+pub const MAX_TOPK_TOPP_CLUSTER: u32 = 16;
+
+/// How a truncation call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopkToppRoute {
+    /// Five launches (statistics, plan, pre-filter, selection, masking
+    /// writes), the chunked passes over the whole GPU (every GPU).
+    Chunked,
+    /// One launch, a thread block cluster of `ctas` blocks per row sharing
+    /// its chunks; its first block selects (a cluster of one on any GPU,
+    /// larger ones from sm_90 on).
+    Cluster { ctas: u32 },
+}
+
+/// What the route planner knows of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopkToppCaps {
+    /// Rows of the cluster route (clusters of `c` blocks, index `c`) the
+    /// GPU runs at once; 0 where it runs no such cluster.
+    pub cluster_slots: [u32; MAX_TOPK_TOPP_CLUSTER as usize + 1],
+}
+
+/// The route of a call of `rows` on a GPU with `caps`: a cluster per row,
+/// a block for each of its chunks of 8192 elements, when a row has 2 to 16
+/// chunks and the GPU runs every row's cluster at once; else the chunked
+/// passes. Measured on the H200 (session 11, V = 128256, k = 50, p = 0.9):
+/// the cluster route takes 30.3 us at B = 1 and 34.0 at B = 8 against 32.7
+/// and 41.1 for the chunked passes, but 94 against 55 at B = 32, where its
+/// clusters take two waves; with two chunks a block (V = 151936, 262144)
+/// it lost at every batch.
+///
+/// ```
+/// use flashsample::{Rows, TopkToppCaps, TopkToppRoute, plan_topk_topp_route};
+///
+/// let mut caps = TopkToppCaps { cluster_slots: [0; 17] };
+/// caps.cluster_slots[16] = 16;
+/// caps.cluster_slots[4] = 64;
+/// let route = |b, v| plan_topk_topp_route(&Rows::contiguous(b, v), &caps);
+/// assert_eq!(route(1, 128_256), TopkToppRoute::Cluster { ctas: 16 });
+/// assert_eq!(route(32, 32_000), TopkToppRoute::Cluster { ctas: 4 });
+/// assert_eq!(route(32, 128_256), TopkToppRoute::Chunked);
+/// assert_eq!(route(1, 151_936), TopkToppRoute::Chunked);
+/// assert_eq!(route(1, 8192), TopkToppRoute::Chunked);
+/// ```
+pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
+    let chunks = TopkToppLayout::new(1, rows.vocab.min(u32::MAX as usize) as u32).chunks;
+    let slots = caps
+        .cluster_slots
+        .get(chunks as usize)
+        .map_or(0, |&n| u64::from(n));
+    if chunks >= 2 && rows.batch as u64 <= slots {
+        TopkToppRoute::Cluster { ctas: chunks }
+    } else {
+        TopkToppRoute::Chunked
+    }
+}
+
+/// The launch of the cluster route: `ctas` blocks per row.
+fn cluster_launch(rows: &Rows, ctas: u32) -> Result<LaunchConfig> {
+    let blocks = rows.batch as u64 * u64::from(ctas);
+    if blocks > i32::MAX as u64 {
+        return Err(param("batch * ctas", blocks));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: TOPK_TOPP_SMEM_BYTES,
+    })
+}
+
 /// One block of [`ROW_THREADS`] per row (the selection kernels).
 fn row_per_block(rows: &Rows) -> LaunchConfig {
     LaunchConfig {
@@ -134,6 +209,27 @@ fn fit_workspace(
     Ok(lay)
 }
 
+/// The device pointers of the truncation parameters, and the guards that
+/// keep them recorded on `stream` until dropped.
+fn param_ptrs<'a>(
+    stream: &'a Arc<CudaStream>,
+    params: &'a TruncParams,
+) -> (ParamPtrs, impl Sized + 'a) {
+    let (top_k, g1) = params.top_k.device_ptr(stream);
+    let (top_p, g2) = params.top_p.device_ptr(stream);
+    let (min_p, g3) = params.min_p.device_ptr(stream);
+    let (temperature, g4) = params.row.temperature.device_ptr(stream);
+    (
+        ParamPtrs {
+            top_k,
+            top_p,
+            min_p,
+            temperature,
+        },
+        (g1, g2, g3, g4),
+    )
+}
+
 /// Launches the passes every call starts with: statistics (per chunk), the
 /// plan (per row), then the pre-filter (per chunk).
 fn launch_prefilter(
@@ -163,16 +259,13 @@ fn launch_prefilter(
     // of every row, as the kernel expects. The call's first pass: after
     // whatever precedes it on the stream, as usual.
     unsafe { dev.launch_pass(stream, &k.topk_topp_stats_f32, cfg, false, &mut chunk_args) }?;
-    let (tk, _g1) = params.top_k.device_ptr(stream);
-    let (tp, _g2) = params.top_p.device_ptr(stream);
-    let (mp, _g3) = params.min_p.device_ptr(stream);
-    let (t, _g4) = params.row.temperature.device_ptr(stream);
+    let (p, _g) = param_ptrs(stream, params);
     let mut plan_args = [
         kernel_arg(&logits),
-        kernel_arg(&tk),
-        kernel_arg(&tp),
-        kernel_arg(&mp),
-        kernel_arg(&t),
+        kernel_arg(&p.top_k),
+        kernel_arg(&p.top_p),
+        kernel_arg(&p.min_p),
+        kernel_arg(&p.temperature),
         kernel_arg(&vocab),
         kernel_arg(&stride),
         kernel_arg(&batch),
@@ -201,7 +294,64 @@ fn launch_prefilter(
     Ok(())
 }
 
+/// The route of a call: the workspace's forced one (checked against what
+/// the GPU runs), else the planned one.
+fn route_of(dev: &Device, rows: &Rows, ws: &Workspace) -> Result<TopkToppRoute> {
+    let caps = dev.topk_topp_caps();
+    match ws.topk_topp_forced() {
+        None => Ok(plan_topk_topp_route(rows, &caps)),
+        Some(TopkToppRoute::Cluster { ctas })
+            if ctas == 0
+                || ctas > MAX_TOPK_TOPP_CLUSTER
+                || caps.cluster_slots[ctas as usize] == 0 =>
+        {
+            Err(param("forced top-k/top-p cluster", ctas))
+        }
+        Some(r) => Ok(r),
+    }
+}
+
+/// The parameter pointers of the cluster kernels and the plan kernel.
+struct ParamPtrs {
+    top_k: u64,
+    top_p: u64,
+    min_p: u64,
+    temperature: u64,
+}
+
+/// Launches `func`, a cluster kernel, in clusters of `ctas` per row (a
+/// plain launch for a cluster of one).
+///
+/// # Safety
+/// `args` match `func`'s parameters and satisfy its launch contract for
+/// `rows`; the GPU runs clusters of `ctas` of it (the caps say so).
+unsafe fn launch_cluster_route(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    func: &cudarc::driver::CudaFunction,
+    rows: &Rows,
+    ctas: u32,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    let cfg = cluster_launch(rows, ctas)?;
+    // SAFETY: the caller's contract; the call's only kernel, after
+    // whatever precedes it on the stream.
+    unsafe {
+        if ctas == 1 {
+            dev.launch_pass(stream, func, cfg, false, args)
+        } else {
+            dev.launch_cluster(stream, func, cfg, ctas, args)
+        }
+    }
+}
+
 impl Device {
+    /// The route a top-k/top-p call of `rows` takes on this GPU (unless a
+    /// workspace forces another).
+    pub fn topk_topp_route(&self, rows: Rows) -> TopkToppRoute {
+        plan_topk_topp_route(&rows, &self.topk_topp_caps())
+    }
+
     /// Truncates `[batch, vocab]` f32 logits in place (vLLM semantics):
     /// every logit outside its row's kept set (min-p, then top-k, then
     /// top-p, after temperature; see [`TruncParams`]) becomes -inf, kept
@@ -235,15 +385,47 @@ impl Device {
                 kept.len(),
             ));
         }
+        let route = route_of(self, &rows, ws)?;
         let lay = fit_workspace(stream, &rows, ws)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
         let stride = rows.row_stride as u64;
         let batch = rows.batch as u32;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr_mut(stream);
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let (kp, _g6) = kept.device_ptr_mut(stream);
         let k = self.kernels();
+        if let TopkToppRoute::Cluster { ctas } = route {
+            let (p, _g) = param_ptrs(stream, params);
+            let mut args = [
+                kernel_arg(&l),
+                kernel_arg(&p.top_k),
+                kernel_arg(&p.top_p),
+                kernel_arg(&p.min_p),
+                kernel_arg(&p.temperature),
+                kernel_arg(&kp),
+                kernel_arg(&vocab),
+                kernel_arg(&stride),
+                kernel_arg(&batch),
+                kernel_arg(&w),
+            ];
+            // SAFETY: the argument list matches
+            // `topk_topp_cluster_mask_f32`'s signature; `logits` holds
+            // `rows.min_len()` elements (validated), the parameters and
+            // `kept` at least `batch` elements (checked), `ws` the layout's
+            // words (grown above), all live cudarc buffers of this stream's
+            // context; clusters of `ctas` the GPU runs (`route_of`).
+            return unsafe {
+                launch_cluster_route(
+                    self,
+                    stream,
+                    &k.topk_topp_cluster_mask_f32,
+                    &rows,
+                    ctas,
+                    &mut args,
+                )
+            };
+        }
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let mut mask_args = [
             kernel_arg(&l),
             kernel_arg(&kp),
@@ -328,17 +510,53 @@ impl Device {
                 out.valid.len(),
             ));
         }
+        let route = route_of(self, &rows, ws)?;
         let lay = fit_workspace(stream, &rows, ws)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
         let stride = rows.row_stride as u64;
         let batch = rows.batch as u32;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (l, _g1) = logits.device_ptr(stream);
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let (s, _g6) = params.row.seed.device_ptr(stream);
         let (o, _g7) = params.row.offset.device_ptr(stream);
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
         let (v, _g9) = out.valid.device_ptr_mut(stream);
+        if let TopkToppRoute::Cluster { ctas } = route {
+            let (p, _g) = param_ptrs(stream, params);
+            let mut args = [
+                kernel_arg(&l),
+                kernel_arg(&p.top_k),
+                kernel_arg(&p.top_p),
+                kernel_arg(&p.min_p),
+                kernel_arg(&p.temperature),
+                kernel_arg(&s),
+                kernel_arg(&o),
+                kernel_arg(&tok),
+                kernel_arg(&v),
+                kernel_arg(&vocab),
+                kernel_arg(&stride),
+                kernel_arg(&batch),
+                kernel_arg(&w),
+            ];
+            // SAFETY: the argument list matches
+            // `topk_topp_cluster_sample_f32`'s signature; `logits` holds
+            // `rows.min_len()` elements (validated), the parameters, seeds,
+            // offsets and both outputs at least `batch` elements (checked),
+            // `ws` the layout's words (grown above), all live cudarc buffers
+            // of this stream's context; clusters of `ctas` the GPU runs
+            // (`route_of`).
+            return unsafe {
+                launch_cluster_route(
+                    self,
+                    stream,
+                    &self.kernels().topk_topp_cluster_sample_f32,
+                    &rows,
+                    ctas,
+                    &mut args,
+                )
+            };
+        }
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         let mut sample_args = [
             kernel_arg(&l),
             kernel_arg(&s),
@@ -371,16 +589,62 @@ impl Device {
     }
 }
 
-/// Raises the dynamic shared memory limit of the `topk_topp_*` kernels
-/// (their candidate list needs more than the default 48 KiB).
+/// Raises the dynamic shared memory limit of the selecting `topk_topp_*`
+/// kernels (their candidate list needs more than the default 48 KiB),
+/// allows the cluster kernels Hopper's non-portable cluster sizes, and
+/// measures the clusters the GPU runs at once.
 pub(crate) fn configure(
-    mask: &cudarc::driver::CudaFunction,
-    sample: &cudarc::driver::CudaFunction,
-) -> Result<()> {
-    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-    mask.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
-    sample.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
-    Ok(())
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    arch: &str,
+    sm_count: u32,
+    k: &crate::device::Kernels,
+) -> Result<TopkToppCaps> {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH;
+    use cudarc::driver::sys::CUfunction_attribute::{
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM,
+        CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED as NON_PORTABLE,
+    };
+    let cluster_kernels = [
+        &k.topk_topp_cluster_mask_f32,
+        &k.topk_topp_cluster_sample_f32,
+    ];
+    for f in [&k.topk_topp_mask_f32, &k.topk_topp_sample_f32]
+        .into_iter()
+        .chain(cluster_kernels)
+    {
+        f.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
+    }
+    let mut caps = TopkToppCaps {
+        cluster_slots: [0; MAX_TOPK_TOPP_CLUSTER as usize + 1],
+    };
+    let mut per_sm = u32::MAX;
+    for f in cluster_kernels {
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(
+            ROW_THREADS,
+            TOPK_TOPP_SMEM_BYTES as usize,
+            None,
+        )?;
+        per_sm = per_sm.min(n);
+    }
+    caps.cluster_slots[1] = per_sm.saturating_mul(sm_count);
+    let clusters =
+        arch.starts_with("sm_9") && ctx.attribute(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
+    if clusters {
+        for f in cluster_kernels {
+            f.set_attribute(NON_PORTABLE, 1)?;
+        }
+        for c in 2..=MAX_TOPK_TOPP_CLUSTER {
+            let mut n = u32::MAX;
+            for f in cluster_kernels {
+                let m =
+                    max_active_clusters(ctx, f.cu_function(), c, ROW_THREADS, TOPK_TOPP_SMEM_BYTES)
+                        .unwrap_or(0);
+                n = n.min(m);
+            }
+            caps.cluster_slots[c as usize] = n;
+        }
+    }
+    Ok(caps)
 }
 
 #[cfg(test)]
