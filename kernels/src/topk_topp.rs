@@ -26,7 +26,10 @@
 //! 4. a selection kernel (a block per row) merges the tiers, loads the
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
-//!    pivot rounds there;
+//!    pivot rounds there; a list of at most 512 candidates is ranked
+//!    instead (each candidate's place in the total order by comparison
+//!    with every other, then the cut from the masses summed in that order:
+//!    two barriers where the rounds took two each);
 //! 5. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
 //!    over the chunk's elements outside the kept set, without reading them
 //!    when the kept set came from the lists.
@@ -97,6 +100,8 @@ const _: () = assert!(
     REDUCE_BYTES + ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
         <= TOPK_TOPP_SMEM_BYTES as usize
 );
+// The ranked list, then its sorted order and masses, inside the list's room.
+const _: () = assert!(3 * RANK_MAX <= TOPK_TOPP_LIST_CAP);
 const _: () =
     assert!(REDUCE_BYTES + TOPK_TOPP_CHUNK as usize / 8 <= TOPK_TOPP_CHUNK_SMEM_BYTES as usize);
 
@@ -1100,6 +1105,29 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
         };
         let src = Source { row, list };
 
+        // Short lists: the candidates ranked in the total order, no pivot
+        // rounds.
+        if let Some(l) = list
+            && (1..=RANK_MAX).contains(&l.total)
+        {
+            let cut = rank_cut(
+                l,
+                topk.then_some(k),
+                topp.then_some(top_p),
+                w,
+                total_mass,
+                smem,
+            );
+            return (
+                Selected {
+                    cut,
+                    weights: w,
+                    valid: true,
+                },
+                src,
+            );
+        }
+
         // Top-k.
         let mut cut = Cut::at_least(cand.min);
         if topk && cand.n > k {
@@ -1169,6 +1197,148 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
             },
             src,
         )
+    }
+}
+
+/// Longest candidate list [`rank_cut`] ranks (two candidates a thread).
+const RANK_MAX: u32 = 2 * ROW_THREADS;
+
+/// The position of a list entry (key in the low half, index in the high
+/// half) in the total order as one number: larger first (key descending,
+/// then index ascending).
+#[inline(always)]
+fn order_of(entry: u64) -> u64 {
+    (entry << 32) | u64::from(!((entry >> 32) as u32))
+}
+
+/// The kept prefix of a row whose candidates are all in the short list `l`
+/// (at most [`RANK_MAX`], every one a candidate): each candidate's rank in
+/// the total order (how many candidates precede it), then top-k keeps the
+/// ranks below `k` and top-p (`top_p`) the ranks whose exclusive mass,
+/// summed in rank order, is below `top_p` times the top-k survivors' mass
+/// (`total_mass`, every min-p survivor's, without top-k), and at least
+/// one: the pivot search's cut (its masses summed in another order).
+///
+/// # Safety
+/// As [`block_reduce`]; the list is loaded (a barrier since) and the
+/// shared memory after its first [`RANK_MAX`] entries is free.
+#[inline(always)]
+unsafe fn rank_cut(
+    l: List,
+    k: Option<u32>,
+    top_p: Option<f32>,
+    w: Weights,
+    total_mass: f64,
+    smem: *mut u8,
+) -> Cut {
+    let tid = arch::thread_idx_x();
+    let n = l.total;
+    // SAFETY: the list's entries below n; the sorted arrays (RANK_MAX u64
+    // and RANK_MAX f64) after the list's first RANK_MAX entries, inside
+    // TOPK_TOPP_SMEM_BYTES (const assert); barriers between the writes and
+    // the reads.
+    unsafe {
+        let order = l.entries.add(RANK_MAX as usize) as *mut u64;
+        let mass = order.add(RANK_MAX as usize) as *mut f64;
+        // This thread's candidates: tid and tid + ROW_THREADS.
+        let mine = [tid, tid + ROW_THREADS];
+        let own = mine.map(|s| {
+            if s < n {
+                order_of(*l.entries.add(s as usize))
+            } else {
+                0
+            }
+        });
+        let mut rank = [0u32; 2];
+        let mut j = 0;
+        while j < n {
+            let o = order_of(*l.entries.add(j as usize));
+            rank[0] += u32::from(o > own[0]);
+            rank[1] += u32::from(o > own[1]);
+            j += 1;
+        }
+        for e in 0..2 {
+            if mine[e] < n {
+                let key = (own[e] >> 32) as u32;
+                *order.add(rank[e] as usize) = own[e];
+                *mass.add(rank[e] as usize) =
+                    f64::from(w.weight(f32::from_bits(f32_from_key(key))));
+            }
+        }
+        arch::bar_sync();
+        // Top-k: the first k ranks.
+        let kept_k = k.map_or(n, |k| k.min(n));
+        // Thread t holds ranks 2t and 2t + 1 of the top-k survivors.
+        let r0 = 2 * tid;
+        let m0 = if r0 < kept_k {
+            *mass.add(r0 as usize)
+        } else {
+            0.0
+        };
+        let m1 = if r0 + 1 < kept_k {
+            *mass.add(r0 as usize + 1)
+        } else {
+            0.0
+        };
+        let kept = match top_p {
+            None => kept_k,
+            Some(p) => {
+                let (excl, kmass) = block_exclusive_scan_f64(m0 + m1, smem as *mut f64);
+                let target = f64::from(p) * if k.is_some() { kmass } else { total_mass };
+                let below = u32::from(r0 < kept_k && excl < target)
+                    + u32::from(r0 + 1 < kept_k && excl + m0 < target);
+                let (_, count) = block_exclusive_scan(below, smem as *mut u32);
+                count.max(1)
+            }
+        };
+        let last = *order.add(kept as usize - 1);
+        Cut {
+            key: (last >> 32) as u32,
+            index_end: (!(last as u32)).saturating_add(1),
+        }
+    }
+}
+
+/// The block-wide exclusive prefix sum of `v` in thread order, and the
+/// total, to every thread, in a fixed order (the same bits on every
+/// launch).
+///
+/// # Safety
+/// As [`block_reduce`] (`smem`: `WARPS` f64 slots).
+#[inline(always)]
+unsafe fn block_exclusive_scan_f64(v: f64, smem: *mut f64) -> (f64, f64) {
+    let tid = arch::thread_idx_x();
+    let (lane, warp) = (tid % 32, (tid / 32) as usize);
+    let mut inclusive = v;
+    let mut d = 1;
+    while d < 32 {
+        let b = inclusive.to_bits();
+        let lo = arch::shfl_up_u32(b as u32, d);
+        let hi = arch::shfl_up_u32((b >> 32) as u32, d);
+        if lane >= d {
+            inclusive += f64::from_bits((u64::from(hi) << 32) | u64::from(lo));
+        }
+        d <<= 1;
+    }
+    // SAFETY: slots below WARPS (caller's contract); barriers as in
+    // `block_reduce`.
+    unsafe {
+        if lane == 31 {
+            *smem.add(warp) = inclusive;
+        }
+        arch::bar_sync();
+        let (mut before, mut total) = (0.0f64, 0.0f64);
+        let mut w = 0;
+        while w < WARPS {
+            let c = *smem.add(w);
+            if w < warp {
+                before += c;
+            }
+            total += c;
+            w += 1;
+        }
+        arch::bar_sync();
+        (before + (inclusive - v), total)
     }
 }
 
