@@ -850,6 +850,9 @@ struct Selected {
     cut: Cut,
     weights: Weights,
     valid: bool,
+    /// Kept ranks when [`rank_cut`] made the cut (its sorted order and
+    /// masses are in shared memory), else 0.
+    ranked: u32,
 }
 
 /// Row `r`'s slots in the workspace (see [`TopkToppLayout`]).
@@ -1043,6 +1046,7 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
             cut: Cut::NONE,
             weights: Weights::new(f32::NEG_INFINITY, 1.0, 0.0),
             valid: false,
+            ranked: 0,
         };
         if row_plan.flags & 1 == 0 {
             return (none, Source { row, list: None });
@@ -1110,7 +1114,7 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
         if let Some(l) = list
             && (1..=RANK_MAX).contains(&l.total)
         {
-            let cut = rank_cut(
+            let (cut, ranked) = rank_cut(
                 l,
                 topk.then_some(k),
                 topp.then_some(top_p),
@@ -1123,6 +1127,7 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
                     cut,
                     weights: w,
                     valid: true,
+                    ranked,
                 },
                 src,
             );
@@ -1194,6 +1199,7 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
                 cut,
                 weights: w,
                 valid: true,
+                ranked: 0,
             },
             src,
         )
@@ -1217,7 +1223,9 @@ fn order_of(entry: u64) -> u64 {
 /// ranks below `k` and top-p (`top_p`) the ranks whose exclusive mass,
 /// summed in rank order, is below `top_p` times the top-k survivors' mass
 /// (`total_mass`, every min-p survivor's, without top-k), and at least
-/// one: the pivot search's cut (its masses summed in another order).
+/// one: the pivot search's cut (its masses summed in another order). Also
+/// returns the kept ranks; the sorted order and masses stay in shared
+/// memory ([`rank_arrays`]) for [`rank_draw`].
 ///
 /// # Safety
 /// As [`block_reduce`]; the list is loaded (a barrier since) and the
@@ -1230,7 +1238,7 @@ unsafe fn rank_cut(
     w: Weights,
     total_mass: f64,
     smem: *mut u8,
-) -> Cut {
+) -> (Cut, u32) {
     let tid = arch::thread_idx_x();
     let n = l.total;
     // SAFETY: the list's entries below n; the sorted arrays (RANK_MAX u64
@@ -1238,8 +1246,7 @@ unsafe fn rank_cut(
     // TOPK_TOPP_SMEM_BYTES (const assert); barriers between the writes and
     // the reads.
     unsafe {
-        let order = l.entries.add(RANK_MAX as usize) as *mut u64;
-        let mass = order.add(RANK_MAX as usize) as *mut f64;
+        let (order, mass) = rank_arrays(l);
         // This thread's candidates: tid and tid + ROW_THREADS.
         let mine = [tid, tid + ROW_THREADS];
         let own = mine.map(|s| {
@@ -1292,10 +1299,65 @@ unsafe fn rank_cut(
             }
         };
         let last = *order.add(kept as usize - 1);
-        Cut {
+        let cut = Cut {
             key: (last >> 32) as u32,
             index_end: (!(last as u32)).saturating_add(1),
-        }
+        };
+        (cut, kept)
+    }
+}
+
+/// The sorted order words and masses of [`rank_cut`], after the list's
+/// first [`RANK_MAX`] entries.
+#[inline(always)]
+fn rank_arrays(l: List) -> (*mut u64, *mut f64) {
+    // SAFETY (of the offsets): inside the list's room (const assert).
+    unsafe {
+        let order = l.entries.add(RANK_MAX as usize) as *mut u64;
+        (order, order.add(RANK_MAX as usize) as *mut f64)
+    }
+}
+
+/// The draw of [`sample_row`] over the `kept` first ranks of
+/// [`rank_cut`]: the index of the first rank whose cumulative mass, summed
+/// in rank order, exceeds `u` times the kept mass (the last kept rank when
+/// rounding leaves none).
+///
+/// # Safety
+/// As [`block_reduce`]; [`rank_cut`] made `kept` (at least 1) ranks of `l`
+/// and nothing has written its arrays since.
+#[inline(always)]
+unsafe fn rank_draw(l: List, kept: u32, u: f32, smem: *mut u8) -> u32 {
+    let tid = arch::thread_idx_x();
+    let (order, mass) = rank_arrays(l);
+    // SAFETY: ranks below kept (at most RANK_MAX) of the arrays; block
+    // scans and reductions as their contracts.
+    unsafe {
+        let r0 = 2 * tid;
+        let m0 = if r0 < kept {
+            *mass.add(r0 as usize)
+        } else {
+            0.0
+        };
+        let m1 = if r0 + 1 < kept {
+            *mass.add(r0 as usize + 1)
+        } else {
+            0.0
+        };
+        let (excl, total) = block_exclusive_scan_f64(m0 + m1, smem as *mut f64);
+        let target = f64::from(u) * total;
+        // The first rank whose inclusive mass exceeds the target, as the
+        // largest `RANK_MAX - rank` (0: none).
+        let first = if r0 < kept && excl + m0 > target {
+            RANK_MAX - r0
+        } else if r0 + 1 < kept && excl + m0 + m1 > target {
+            RANK_MAX - r0 - 1
+        } else {
+            0
+        };
+        let best = block::block_max_u64(u64::from(first), smem as *mut u64) as u32;
+        let r = if best == 0 { kept - 1 } else { RANK_MAX - best };
+        !(*order.add(r as usize) as u32)
     }
 }
 
@@ -1838,6 +1900,17 @@ unsafe fn sample_row(
             }
             return;
         }
+        let u = noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0));
+        if let Some(l) = src.list
+            && sel.ranked > 0
+        {
+            let token = rank_draw(l, sel.ranked, u, smem);
+            if tid == 0 {
+                *token_out = if token < row.n { token } else { 0 };
+                *valid = 1;
+            }
+            return;
+        }
         let cut = sel.cut;
         let w = sel.weights;
         let kept = move |key: u32, i: u32, _x: f32| cut.keeps(key, i);
@@ -1849,7 +1922,6 @@ unsafe fn sample_row(
             }
         });
         let g = block_reduce(g, smem as *mut Group);
-        let u = noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0));
         let target = f64::from(u) * g.mass;
         // The first key whose cumulative mass (from the top) reaches the
         // target, then among its tied kept elements the one whose own
