@@ -45,7 +45,7 @@
 //!   renormalised, by inverse CDF in the total order (value desc, index
 //!   asc) with `u = uniform_open(row_uniform_bits(seed_key(seed), offset,
 //!   0))`, found by one more pivot search over the kept set's cumulative
-//!   mass.
+//!   mass (by one block scan over the ranks when the cut was ranked).
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
