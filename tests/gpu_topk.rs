@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use common::{Coverage, DISTS, Dist, Mismatches};
 use cudarc::driver::CudaStream;
+use flashsample::kernels::params::TopkToppLayout;
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{Device, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace};
 use rand::rngs::StdRng;
@@ -638,11 +639,11 @@ fn sanitize_topk_paths() {
     // Candidates that overflow a chunk's list: the selection reads the row.
     batches.push(Batch::crowded(&mut rng, 4, 20_001));
     // Every batch on the chunked passes, on a cluster of one and on the
-    // largest cluster its row has blocks for (chunks of 8192 elements;
+    // largest cluster its row has blocks for (a block per chunk;
     // where the GPU runs it).
     let caps = dev.topk_topp_caps();
     for b in &batches {
-        let chunks = b.rows.vocab.div_ceil(8192) as u32;
+        let chunks = TopkToppLayout::new(1, b.rows.vocab as u32).chunks;
         let mut routes = vec![TopkToppRoute::Chunked, TopkToppRoute::Cluster { ctas: 1 }];
         if chunks > 1 && caps.cluster_slots[chunks as usize] > 0 {
             routes.push(TopkToppRoute::Cluster { ctas: chunks });

@@ -162,19 +162,6 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
     }
 }
 
-/// The launch of the cluster route: `ctas` blocks per row.
-fn cluster_launch(rows: &Rows, ctas: u32) -> Result<LaunchConfig> {
-    let blocks = rows.batch as u64 * u64::from(ctas);
-    if blocks > i32::MAX as u64 {
-        return Err(param("batch * ctas", blocks));
-    }
-    Ok(LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (ROW_THREADS, 1, 1),
-        shared_mem_bytes: TOPK_TOPP_SMEM_BYTES,
-    })
-}
-
 /// One block of [`ROW_THREADS`] per row (the selection kernels).
 fn row_per_block(rows: &Rows) -> LaunchConfig {
     LaunchConfig {
@@ -184,18 +171,25 @@ fn row_per_block(rows: &Rows) -> LaunchConfig {
     }
 }
 
-/// One block of [`ROW_THREADS`] per chunk of every row (the chunked
-/// passes).
-fn chunk_per_block(rows: &Rows, lay: &TopkToppLayout) -> Result<LaunchConfig> {
-    let blocks = rows.batch as u64 * u64::from(lay.chunks);
+/// `per_row` blocks of [`ROW_THREADS`] with `smem` bytes of dynamic shared
+/// memory for every row: a block per chunk for the chunked passes, a
+/// cluster per row for the cluster route.
+fn blocks_per_row(rows: &Rows, per_row: u32, smem: u32) -> Result<LaunchConfig> {
+    let blocks = rows.batch as u64 * u64::from(per_row);
     if blocks > i32::MAX as u64 {
-        return Err(param("batch * chunks", blocks));
+        return Err(param("batch * blocks per row", blocks));
     }
     Ok(LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (ROW_THREADS, 1, 1),
-        shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
+        shared_mem_bytes: smem,
     })
+}
+
+/// One block of [`ROW_THREADS`] per chunk of every row (the chunked
+/// passes).
+fn chunk_per_block(rows: &Rows, lay: &TopkToppLayout) -> Result<LaunchConfig> {
+    blocks_per_row(rows, lay.chunks, TOPK_TOPP_CHUNK_SMEM_BYTES)
 }
 
 /// The workspace layout of a call, with the workspace grown to hold it.
@@ -333,7 +327,7 @@ unsafe fn launch_cluster_route(
     ctas: u32,
     args: &mut [*mut std::ffi::c_void],
 ) -> Result<()> {
-    let cfg = cluster_launch(rows, ctas)?;
+    let cfg = blocks_per_row(rows, ctas, TOPK_TOPP_SMEM_BYTES)?;
     // SAFETY: the caller's contract; the call's only kernel, after
     // whatever precedes it on the stream.
     unsafe {

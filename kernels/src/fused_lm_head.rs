@@ -895,7 +895,7 @@ unsafe fn fused_sample<
             // accumulators leave registers before the epilogue (kept
             // across it, the second tile's spilled at 128 rows). First every
             // warp is past its last read of the stages.
-            let cs1 = unsafe { cs.add((NB * FUSED_CS_STRIDE) as usize) };
+            let cs1 = cs.add((NB * FUSED_CS_STRIDE) as usize);
             if MT > 1 {
                 arch::bar_sync();
             }

@@ -1995,26 +1995,48 @@ fn row_cluster_sync() {
     arch::bar_sync();
 }
 
-/// The cluster kernels' common start for block `rank` of the `size` of
-/// the row's cluster: the statistics of its chunks (`rank`, `rank + size`,
-/// ...), the row's plan (every block computes it from the merged
-/// statistics, the same bits; the first block also writes it to the
-/// row's slot for the selection), then the pre-filter of its chunks, each
-/// step after a barrier over the cluster. On return every partial the
+/// A row's place in a cluster kernel: this block's `rank` of the `size`
+/// blocks of the row's cluster, the row `r`, its logits and its slots.
+#[derive(Clone, Copy)]
+struct ClusterRow {
+    rank: u32,
+    size: u32,
+    r: u32,
+    row: Row,
+    slots: Slots,
+}
+
+/// The cluster kernels' common start: this block's [`ClusterRow`], then
+/// the statistics of its chunks (`rank`, `rank + size`, ...), the row's
+/// plan under `params(r)` (every block computes it from the merged
+/// statistics, the same bits; the first block also writes it to the row's
+/// slot for the selection), then the pre-filter of its chunks, each step
+/// after a barrier over the cluster. On return every partial the
 /// selection reads is visible to the whole cluster.
 ///
 /// # Safety
 /// As [`block_reduce`] and [`Row::scan`]; every block of the cluster calls
-/// it; the row's chunks are `slots.lay.chunks`.
+/// it; the launch contract of the cluster kernels holds.
 #[inline(always)]
-unsafe fn cluster_prefilter(
-    row: Row,
-    rank: u32,
-    size: u32,
-    slots: Slots,
-    params: Params,
+unsafe fn cluster_start(
+    logits: *const f32,
+    row_stride: u64,
+    vocab: u32,
+    batch: u32,
+    ws: *mut u64,
+    params: impl FnOnce(usize) -> Params,
     smem: *mut u8,
-) {
+) -> ClusterRow {
+    pass_start();
+    let (rank, size) = row_cluster();
+    let r = arch::block_idx_x() / size.max(1);
+    // SAFETY: the caller's contract (row r of the batch).
+    let row = Row::whole(
+        unsafe { logits.add(r as usize * row_stride as usize) },
+        vocab,
+    );
+    let slots = Slots::new(ws, batch, vocab, r);
+    let params = params(r as usize);
     let chunks = slots.lay.chunks;
     // SAFETY: forwarded; control flow depends only on the row's merged
     // statistics and plan (uniform over the cluster).
@@ -2037,6 +2059,13 @@ unsafe fn cluster_prefilter(
             c += size;
         }
         row_cluster_sync();
+    }
+    ClusterRow {
+        rank,
+        size,
+        r,
+        row,
+        slots,
     }
 }
 
@@ -2068,27 +2097,34 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
     batch: u32,
     ws: *mut u64,
 ) {
-    pass_start();
-    let (rank, size) = row_cluster();
-    let r = arch::block_idx_x() / size.max(1);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: the launch contract covers every access; control flow
     // depends only on the rank and on cluster-merged values (uniform over
     // each block).
     unsafe {
-        let ptr = logits.add(r as usize * row_stride as usize);
-        let row = Row::whole(ptr, vocab);
-        let slots = Slots::new(ws, batch, vocab, r);
-        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-        cluster_prefilter(row, rank, size, slots, params, smem);
-        if rank == 0 {
-            mask_row(row, slots, kept.add(r as usize), smem);
+        let c = cluster_start(
+            logits,
+            row_stride,
+            vocab,
+            batch,
+            ws,
+            |r| read_params(r, top_k, top_p, min_p, temperature),
+            smem,
+        );
+        if c.rank == 0 {
+            mask_row(c.row, c.slots, kept.add(c.r as usize), smem);
         }
         row_cluster_sync();
-        let mut c = rank;
-        while c < slots.lay.chunks {
-            apply_chunk(ptr, vocab, c, slots, smem);
-            c += size;
+        let mut chunk = c.rank;
+        while chunk < c.slots.lay.chunks {
+            apply_chunk(
+                logits.add(c.r as usize * row_stride as usize),
+                vocab,
+                chunk,
+                c.slots,
+                smem,
+            );
+            chunk += c.size;
         }
     }
 }
@@ -2120,21 +2156,23 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
     batch: u32,
     ws: *mut u64,
 ) {
-    pass_start();
-    let (rank, size) = row_cluster();
-    let r = arch::block_idx_x() / size.max(1);
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
     // SAFETY: as `topk_topp_cluster_mask_f32`.
     unsafe {
-        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        let slots = Slots::new(ws, batch, vocab, r);
-        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-        cluster_prefilter(row, rank, size, slots, params, smem);
-        if rank == 0 {
-            let r = r as usize;
+        let c = cluster_start(
+            logits,
+            row_stride,
+            vocab,
+            batch,
+            ws,
+            |r| read_params(r, top_k, top_p, min_p, temperature),
+            smem,
+        );
+        if c.rank == 0 {
+            let r = c.r as usize;
             sample_row(
-                row,
-                slots,
+                c.row,
+                c.slots,
                 *seed.add(r),
                 *offset.add(r),
                 tokens.add(r),
