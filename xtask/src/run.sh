@@ -13,7 +13,8 @@ set -uo pipefail
 
 TESTS=(@TESTS@)
 BENCHES=(@BENCHES@)
-SANITIZE_TOOLS=(memcheck racecheck synccheck initcheck)
+# FLASHSAMPLE_SANITIZE_TOOLS (space-separated) picks some of them.
+read -r -a SANITIZE_TOOLS <<<"${FLASHSAMPLE_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}"
 # The tests the sanitizer runs: those whose names contain this, in every GPU
 # test executable. Each prints
 #   sanitize coverage: <test>: kernels <kernel>,<kernel>,...; cases <n>
@@ -106,7 +107,7 @@ find_sanitizer() {
 }
 
 step_sanitize() {
-    local log="$OUT/sanitizer.log" san t tool k line listed=() exes=() names=() failed=() problems=()
+    local log="$OUT/sanitizer.log" san t tool k line name listed=() runs=() names=() failed=() problems=()
     if [ "${FLASHSAMPLE_SANITIZE:-1}" = 0 ]; then
         RESULT[sanitize]="skipped (FLASHSAMPLE_SANITIZE=0)"
         return
@@ -122,20 +123,24 @@ step_sanitize() {
             *) continue ;;
         esac
         mapfile -t listed < <("bin/$t" --list "$SANITIZE_FILTER" 2>/dev/null | sed -n 's/: test$//p')
-        if [ ${#listed[@]} -gt 0 ]; then
-            exes+=("$t")
-            names+=("${listed[@]}")
-        fi
+        for name in "${listed[@]}"; do
+            runs+=("$t $name")
+            names+=("$name")
+        done
     done
-    if [ ${#exes[@]} -eq 0 ]; then
+    if [ ${#runs[@]} -eq 0 ]; then
         echo "no GPU test executable has a test with '$SANITIZE_FILTER' in its name" | tee -a "$log"
         RESULT[sanitize]="skipped (no test name contains '$SANITIZE_FILTER')"
         return
     fi
+    # Each test in its own process under the step timeout: a slow one
+    # (racecheck over many cluster launches) costs only its own result.
     for tool in "${SANITIZE_TOOLS[@]}"; do
-        for t in "${exes[@]}"; do
+        for k in "${runs[@]}"; do
+            t="${k%% *}"
+            name="${k#* }"
             run_logged "$log" "$san" --tool "$tool" --error-exitcode 1 \
-                "bin/$t" --test-threads=1 "$SANITIZE_FILTER" || failed+=("$t under $tool")
+                "bin/$t" --exact "$name" || failed+=("$t::$name under $tool")
         done
     done
     if [ ${#failed[@]} -gt 0 ]; then
@@ -165,7 +170,7 @@ step_sanitize() {
         fi
     done
     [ ${#silent[@]} -eq 0 ] || problems+=("no coverage line from ${silent[*]}")
-    local summary="${#names[@]} tests in ${#exes[@]} executables under ${SANITIZE_TOOLS[*]}"
+    local summary="${#names[@]} tests under ${SANITIZE_TOOLS[*]}"
     if [ -f "$SANITIZE_KERNELS" ]; then
         mapfile -t kernels < <(grep -v '^$' "$SANITIZE_KERNELS")
         for k in "${kernels[@]}"; do
