@@ -1,5 +1,6 @@
 //! Warp- and block-wide reductions used by the row kernels.
 
+use crate::radix_select::bitonic_pair;
 use crate::{arch, radix};
 
 /// Maximum of `v` over the warp; every lane gets it.
@@ -66,6 +67,65 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
         let out = *smem.add(warps as usize);
         arch::bar_sync();
         out
+    }
+}
+
+/// Sorts the first `n` words of `buf` descending: a bitonic network over
+/// the next power of two (at least 2), the words after `n` padded with 0,
+/// which must be below every word sorted. A step of stride at most 32
+/// compares only words of its warp's own 64-word windows (pair `i` touches
+/// `2 i - i % stride` and `stride` above, and a warp holds 32 consecutive
+/// pairs of each `threads` the block steps over), so two such steps in a
+/// row meet at a warp barrier; the others at a block barrier (a sort of up
+/// to 64 words runs on warp barriers alone). Ends with a block barrier.
+///
+/// # Safety
+/// Every thread of a block of `threads` (a multiple of 32) calls it; `buf`
+/// is shared memory of at least `n` rounded up to a power of two words,
+/// which no one else touches meanwhile.
+#[inline(always)]
+pub unsafe fn bitonic_sort_desc(buf: *mut u64, n: u32, threads: u32) {
+    let tid = arch::thread_idx_x();
+    let n_pow2 = if n <= 2 {
+        2
+    } else {
+        1u32 << (32 - (n - 1).leading_zeros())
+    };
+    // SAFETY: positions below n_pow2 (caller's contract); a block barrier
+    // after the padding and the last step, a barrier after every step (see
+    // above).
+    unsafe {
+        let mut i = n + tid;
+        while i < n_pow2 {
+            *buf.add(i as usize) = 0;
+            i += threads;
+        }
+        arch::bar_sync();
+        let mut size = 2;
+        while size <= n_pow2 {
+            let mut stride = size / 2;
+            while stride > 0 {
+                let mut i = tid;
+                while i < n_pow2 / 2 {
+                    let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                    let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
+                    let (a, b) = (*pa, *pb);
+                    if (a < b) == desc && a != b {
+                        *pa = b;
+                        *pb = a;
+                    }
+                    i += threads;
+                }
+                let next = if stride > 1 { stride / 2 } else { size };
+                if (stride == 1 && size == n_pow2) || stride > 32 || next > 32 {
+                    arch::bar_sync();
+                } else {
+                    arch::bar_warp_sync();
+                }
+                stride /= 2;
+            }
+            size *= 2;
+        }
     }
 }
 

@@ -65,15 +65,16 @@
 //! [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 
 use crate::arch;
+use crate::block;
 use crate::noise;
 use crate::philox;
 use crate::radix_select::{
     BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS,
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, RadixSelect, SLAB,
-    before_draw, bitonic_pair, composite, composite_bits, composite_index, crossing_in_group,
-    draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
-    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    before_draw, composite, composite_bits, composite_index, crossing_in_group, draw_target,
+    filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit, seed_threshold,
+    slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1151,63 +1152,6 @@ unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: 
     }
 }
 
-/// Sorts the first `n` gathered keys descending (bitonic network over the
-/// next power of two, padded with 0, below every key). A step of stride at
-/// most 32 compares only entries of its warp's own 64-entry windows (pair
-/// `i` touches `2 i - i % stride` and `stride` above, and a warp holds 32
-/// consecutive pairs), so two such steps in a row meet at a warp barrier;
-/// the others at a block barrier (a sort of up to 64 keys, the usual slab
-/// of k <= 50, runs on warp barriers alone).
-///
-/// # Safety
-/// Every thread of the block calls it; `n <= GATHER_CAP`.
-#[inline(always)]
-unsafe fn sort_gathered(smem: Smem, n: u32) {
-    let tid = arch::thread_idx_x();
-    let buf = smem.gather();
-    let n_pow2 = if n <= 2 {
-        2
-    } else {
-        1u32 << (32 - (n - 1).leading_zeros())
-    };
-    // SAFETY: positions below n_pow2 <= GATHER_CAP; a block barrier after
-    // the padding and the last step, a barrier after every step (see
-    // above).
-    unsafe {
-        let mut i = n + tid;
-        while i < n_pow2 {
-            *buf.add(i as usize) = 0;
-            i += THREADS;
-        }
-        arch::bar_sync();
-        let mut size = 2;
-        while size <= n_pow2 {
-            let mut stride = size / 2;
-            while stride > 0 {
-                let mut i = tid;
-                while i < n_pow2 / 2 {
-                    let (lo, hi, desc) = bitonic_pair(i, size, stride);
-                    let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
-                    let (a, b) = (*pa, *pb);
-                    if (a < b) == desc && a != b {
-                        *pa = b;
-                        *pb = a;
-                    }
-                    i += THREADS;
-                }
-                let next = if stride > 1 { stride / 2 } else { size };
-                if (stride == 1 && size == n_pow2) || stride > 32 || next > 32 {
-                    arch::bar_sync();
-                } else {
-                    arch::bar_warp_sync();
-                }
-                stride /= 2;
-            }
-            size *= 2;
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Stage 2.
 // ---------------------------------------------------------------------------
@@ -1373,7 +1317,7 @@ unsafe fn draw_row(
 unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
     // SAFETY: forwarded.
     unsafe {
-        sort_gathered(smem, n);
+        block::bitonic_sort_desc(smem.gather(), n, THREADS);
         if mode & MODE_SLAB != 0 {
             write_slab(out, smem, row, k);
         }
