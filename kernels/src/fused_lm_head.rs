@@ -56,7 +56,9 @@
 
 use crate::arch;
 use crate::block::Lse2;
-use crate::mma_layout::{CHUNKS, ROW_BYTES, a_row, b_row, c_pos, swz};
+use crate::mma_layout::{CHUNKS, ROW_BYTES, c_pos, swz};
+#[cfg(not(target_feature = "sm_90a"))]
+use crate::mma_layout::{a_row, b_row};
 use crate::params::{
     FUSED_BLOCK_K, FUSED_BLOCK_V, FUSED_CS_STRIDE, FUSED_FILTER_BYTES, FUSED_PARTIAL_WORDS,
     FusedParams, fused_filter_offset, fused_mtiles, fused_stage_bytes, fused_stages,
@@ -200,6 +202,8 @@ struct Align1024([u8; 1024]);
 
 /// Tensor-core operand type.
 trait Mma {
+    /// `mma.sync` m16n8k16 (sm_90a runs [`Mma::wgmma`] instead).
+    #[cfg(not(target_feature = "sm_90a"))]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
 
     /// `wgmma` m64 x 8NT x k16 (NT 2, 4, 8 or 16) into `d`, laid out as NT
@@ -246,6 +250,7 @@ struct F16;
 macro_rules! mma_impl {
     ($ty:ident, $mma:ident, $wg16:ident, $wg32:ident, $wg64:ident, $wg128:ident) => {
         impl Mma for $ty {
+            #[cfg(not(target_feature = "sm_90a"))]
             #[inline(always)]
             fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
                 arch::$mma(a, b, c)
@@ -507,33 +512,35 @@ unsafe fn mma_stage<M: Mma, const NT: usize, const MT: usize, const T: u32>(
         let (warp, wb) = warp_place::<NT, T>();
         // SAFETY: forwarded.
         unsafe { wgmma_stage::<M, NT, MT>(stage, acc, warp, wb) };
-        return;
     }
-    let lane = arch::thread_idx_x() % 32;
-    let (warp, wb) = warp_place::<NT, T>();
-    let hs = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
-    let mut kk = 0;
-    while kk < FUSED_BLOCK_K / 16 {
-        let (r, c) = a_row(warp, lane, kk);
-        // SAFETY: rows < MT * FUSED_BLOCK_V and chunks < CHUNKS of this
-        // stage (the row's swizzle depends on r % 8 only).
-        let a: [[u32; 4]; MT] = core::array::from_fn(|m| unsafe {
-            arch::ldmatrix_x4(stage + swz(r + m as u32 * FUSED_BLOCK_V, c))
-        });
-        // Unrolled by hand: at 128 batch rows LLVM kept this loop over
-        // eight pairs, and the accumulators it indexes went to local memory.
-        unroll8!(NT / 2, pair => {
-            let (n, c) = b_row(lane, pair as u32, kk);
-            // SAFETY: wb + n < NB rows and chunk < CHUNKS of this stage
-            // (wb is a multiple of 8: the swizzle is that of row n).
-            let b = unsafe { arch::ldmatrix_x4(hs + swz(n, c)) };
-            for (am, acc) in a.iter().zip(acc.iter_mut()) {
-                let (i, j) = ((2 * pair) % NT, (2 * pair + 1) % NT);
-                acc[i] = M::mma(*am, [b[0], b[1]], acc[i]);
-                acc[j] = M::mma(*am, [b[2], b[3]], acc[j]);
-            }
-        });
-        kk += 1;
+    #[cfg(not(target_feature = "sm_90a"))]
+    {
+        let lane = arch::thread_idx_x() % 32;
+        let (warp, wb) = warp_place::<NT, T>();
+        let hs = stage + (MT as u32 * FUSED_BLOCK_V + wb) * ROW_BYTES;
+        let mut kk = 0;
+        while kk < FUSED_BLOCK_K / 16 {
+            let (r, c) = a_row(warp, lane, kk);
+            // SAFETY: rows < MT * FUSED_BLOCK_V and chunks < CHUNKS of this
+            // stage (the row's swizzle depends on r % 8 only).
+            let a: [[u32; 4]; MT] = core::array::from_fn(|m| unsafe {
+                arch::ldmatrix_x4(stage + swz(r + m as u32 * FUSED_BLOCK_V, c))
+            });
+            // Unrolled by hand: at 128 batch rows LLVM kept this loop over
+            // eight pairs, and the accumulators it indexes went to local memory.
+            unroll8!(NT / 2, pair => {
+                let (n, c) = b_row(lane, pair as u32, kk);
+                // SAFETY: wb + n < NB rows and chunk < CHUNKS of this stage
+                // (wb is a multiple of 8: the swizzle is that of row n).
+                let b = unsafe { arch::ldmatrix_x4(hs + swz(n, c)) };
+                for (am, acc) in a.iter().zip(acc.iter_mut()) {
+                    let (i, j) = ((2 * pair) % NT, (2 * pair + 1) % NT);
+                    acc[i] = M::mma(*am, [b[0], b[1]], acc[i]);
+                    acc[j] = M::mma(*am, [b[2], b[3]], acc[j]);
+                }
+            });
+            kk += 1;
+        }
     }
 }
 

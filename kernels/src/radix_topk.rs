@@ -242,12 +242,14 @@ impl Smem {
 
     /// The reduced histogram slice this CTA owns in a cluster (groups of
     /// four counts, at most `BUCKETS / 8` of them).
+    #[cfg(target_feature = "sm_90")]
     #[inline(always)]
     fn slice(self) -> *mut Quad {
         self.region(SLICE_OFF)
     }
 
     /// The total of the reduced slice.
+    #[cfg(target_feature = "sm_90")]
     #[inline(always)]
     fn slice_total(self) -> *mut u32 {
         self.region(SLICE_TOTAL_OFF)
@@ -1136,7 +1138,7 @@ unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: 
                 base + n[0] + n[1],
                 base + n[0] + n[1] + n[2],
             ];
-            let mut put = |e: usize| {
+            let put = |e: usize| {
                 if let Some(key) = k[e] {
                     let pos = at[e] + (m[e] & lower).count_ones();
                     if pos < GATHER_CAP {
@@ -1567,15 +1569,19 @@ unsafe fn filter_push(
                 total += arch::ballot(mask & (1 << i) != 0).count_ones();
             });
             let mut pos = at + filter_reserve(fill, total);
-            each_elem!(i, {
-                let bit = mask & (1 << i) != 0;
-                let m = arch::ballot(bit);
-                let p = pos + (m & lower).count_ones();
-                if bit && p < cap {
-                    *buf.add(p as usize) = key(i);
-                }
-                pos += m.count_ones();
-            });
+            // The last element's advance of `pos` is not read.
+            #[allow(unused_assignments)]
+            let () = {
+                each_elem!(i, {
+                    let bit = mask & (1 << i) != 0;
+                    let m = arch::ballot(bit);
+                    let p = pos + (m & lower).count_ones();
+                    if bit && p < cap {
+                        *buf.add(p as usize) = key(i);
+                    }
+                    pos += m.count_ones();
+                });
+            };
         } else {
             // Slots outside the row hold 0, which fails.
             each_elem!(i, {

@@ -299,20 +299,6 @@ impl Group {
         self.mass += w;
     }
 
-    /// [`Group::add`] when `on`, else nothing, without a branch.
-    #[inline(always)]
-    fn add_if(&mut self, on: bool, key: u32, w: f64) {
-        self.n = self.n.wrapping_add(u32::from(on));
-        let (lo, hi) = if on { (key, key) } else { (u32::MAX, 0) };
-        if lo < self.min {
-            self.min = lo;
-        }
-        if hi > self.max {
-            self.max = hi;
-        }
-        self.mass += if on { w } else { 0.0 };
-    }
-
     #[inline(always)]
     fn join(self, o: Group) -> Group {
         Group {

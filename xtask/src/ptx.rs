@@ -83,12 +83,11 @@ pub fn build(
         .args([
             "rustc",
             "--release",
-            "--quiet",
             "--lib",
             "--target",
             "nvptx64-nvidia-cuda",
         ])
-        .arg("--message-format=json-render-diagnostics")
+        .arg("--message-format=json")
         .arg("-Zbuild-std=core")
         .arg("--target-dir")
         .arg(target_dir)
@@ -107,19 +106,32 @@ pub fn build(
     let out = cmd
         .output()
         .map_err(|e| format!("cannot run {}: {e}", cargo.display()))?;
+    // rustc's diagnostics come inside cargo's JSON messages, not on stderr:
+    // show them, and refuse a module built with warnings (host clippy never
+    // sees the device-only code).
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let warnings = diagnostics(&stdout);
     if !out.status.success() {
         return Err(format!(
-            "building PTX for {} failed:\n{}\nThe kernels need the nightly toolchain with rust-src: \
+            "building PTX for {} failed:\n{}\n{}\nThe kernels need the nightly toolchain with rust-src: \
              rustup component add rust-src llvm-tools --toolchain nightly",
             arch.name,
+            warnings.join("\n"),
             String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if !warnings.is_empty() {
+        return Err(format!(
+            "the kernels crate has {} warning(s) for {}:\n{}",
+            warnings.len(),
+            arch.name,
+            warnings.join("\n")
         ));
     }
     // Each arch's flags give the crate its own metadata hash, so its `.s` file
     // is `deps/flashsample_kernels-<hash>.s`. Take the hash from cargo's
     // artifact message: when the arch is fresh rustc does not run again, and
     // the newest `.s` file in `deps/` would be another arch's.
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let asm = asm_path(&stdout).ok_or_else(|| {
         format!(
             "cargo reported no flashsample_kernels artifact for {}",
@@ -193,6 +205,24 @@ pub fn with_launch_bounds(
 
 /// The `.s` file next to the kernels crate's hashed `deps/` artifact named in
 /// cargo's JSON messages.
+/// The rendered compiler diagnostics (errors and warnings) in cargo's JSON
+/// messages, cached ones included, but for the
+/// notice that an arch's `-C target-feature` (`+ptx80`, ...) is unstable,
+/// which every build of those arches gets.
+fn diagnostics(cargo_json: &str) -> Vec<String> {
+    cargo_json
+        .lines()
+        .filter(|l| l.contains("\"reason\":\"compiler-message\""))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            !v["message"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("unstable feature specified for `-Ctarget-feature`"))
+        })
+        .filter_map(|v| Some(v["message"]["rendered"].as_str()?.to_string()))
+        .collect()
+}
+
 fn asm_path(cargo_json: &str) -> Option<PathBuf> {
     cargo_json
         .lines()
@@ -231,4 +261,27 @@ pub fn check(ptx: &str, entry_points: &[&str]) -> Vec<String> {
         }
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diagnostics_are_read_from_cargo_messages() {
+        let json = concat!(
+            r#"{"reason":"compiler-artifact","target":{"name":"flashsample_kernels"}}"#,
+            "\n",
+            r#"{"reason":"compiler-message","message":{"level":"warning","rendered":"warning: unused variable: `tid`\n"}}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        assert_eq!(
+            diagnostics(json),
+            vec!["warning: unused variable: `tid`\n".to_string()]
+        );
+        assert!(diagnostics(r#"{"reason":"build-finished","success":true}"#).is_empty());
+        let target_feature = r#"{"reason":"compiler-message","message":{"message":"unstable feature specified for `-Ctarget-feature`: `ptx78`","rendered":"warning: unstable feature specified"}}"#;
+        assert!(diagnostics(target_feature).is_empty());
+    }
 }
