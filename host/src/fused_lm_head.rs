@@ -20,8 +20,8 @@ use crate::error::{Error, Result, param, shape};
 use crate::rows::RowParams;
 use crate::sampling::Workspace;
 
-/// Element types of LM heads and hidden states.
-pub trait HeadElem: DeviceRepr + ValidAsZeroBits + Copy + 'static {
+/// Element types of LM heads and hidden states (sealed: bf16 and f16).
+pub trait HeadElem: crate::sealed::Sealed + DeviceRepr + ValidAsZeroBits + Copy + 'static {
     /// Whether the kernels read it as bf16 (else f16).
     const IS_BF16: bool;
 }

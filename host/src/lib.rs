@@ -23,6 +23,16 @@ mod unfused;
 
 pub mod reference;
 
+/// The element types the kernels read. The public element traits
+/// ([`LogitElem`], [`HeadElem`]) extend [`sealed::Sealed`], so no other
+/// type can claim one of them and be read as something it is not.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
 /// The PTX modules embedded at build time, one per architecture.
 pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx_modules.rs"));

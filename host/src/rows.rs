@@ -26,8 +26,8 @@ impl DType {
     }
 }
 
-/// Element types the row kernels read.
-pub trait LogitElem: DeviceRepr + ValidAsZeroBits + Copy + 'static {
+/// Element types the row kernels read (sealed: f32 and bf16).
+pub trait LogitElem: crate::sealed::Sealed + DeviceRepr + ValidAsZeroBits + Copy + 'static {
     const DTYPE: DType;
 }
 
