@@ -313,28 +313,70 @@ struct ParamPtrs {
     temperature: u64,
 }
 
-/// Launches `func`, a cluster kernel, in clusters of `ctas` per row (a
-/// plain launch for a cluster of one).
+/// Most outputs a cluster kernel takes (the sampler's seed, offset, tokens
+/// and valid flags).
+const MAX_CLUSTER_OUTPUTS: usize = 4;
+
+/// Launches `func`, a cluster kernel whose parameters are `(logits, top_k,
+/// top_p, min_p, temperature, outputs.., vocab, row_stride, batch, ws)`,
+/// every output a device pointer, in clusters of `ctas` per row (a plain
+/// launch for a cluster of one). The one place both cluster kernels' argument
+/// lists are made.
 ///
 /// # Safety
-/// `args` match `func`'s parameters and satisfy its launch contract for
-/// `rows`; the GPU runs clusters of `ctas` of it (the caps say so).
+/// `func`'s parameters are those; `logits` holds the validated `rows`, the
+/// parameters and each output at least `rows.batch` elements, `ws` the
+/// layout's words, all live buffers of the stream's context; the GPU runs
+/// clusters of `ctas` of it (the caps say so).
+#[allow(clippy::too_many_arguments)]
 unsafe fn launch_cluster_route(
     dev: &Device,
     stream: &Arc<CudaStream>,
     func: &cudarc::driver::CudaFunction,
+    logits: u64,
+    params: &TruncParams,
+    outputs: &[u64],
     rows: &Rows,
     ctas: u32,
-    args: &mut [*mut std::ffi::c_void],
+    ws: u64,
 ) -> Result<()> {
+    if outputs.len() > MAX_CLUSTER_OUTPUTS {
+        return Err(param("cluster kernel outputs", outputs.len()));
+    }
     let cfg = blocks_per_row(rows, ctas, TOPK_TOPP_SMEM_BYTES)?;
-    // SAFETY: the caller's contract; the call's only kernel, after
-    // whatever precedes it on the stream.
+    let (p, _g) = param_ptrs(stream, params);
+    let vocab = rows.vocab as u32;
+    let stride = rows.row_stride as u64;
+    let batch = rows.batch as u32;
+    let mut args = [std::ptr::null_mut(); 9 + MAX_CLUSTER_OUTPUTS];
+    let head = [
+        kernel_arg(&logits),
+        kernel_arg(&p.top_k),
+        kernel_arg(&p.top_p),
+        kernel_arg(&p.min_p),
+        kernel_arg(&p.temperature),
+    ];
+    let tail = [
+        kernel_arg(&vocab),
+        kernel_arg(&stride),
+        kernel_arg(&batch),
+        kernel_arg(&ws),
+    ];
+    let n = head.len() + outputs.len() + tail.len();
+    for (slot, a) in args.iter_mut().zip(
+        head.into_iter()
+            .chain(outputs.iter().map(kernel_arg))
+            .chain(tail),
+    ) {
+        *slot = a;
+    }
+    // SAFETY: the caller's contract, the arguments in `func`'s order; the
+    // call's only kernel, after whatever precedes it on the stream.
     unsafe {
         if ctas == 1 {
-            dev.launch_pass(stream, func, cfg, false, args)
+            dev.launch_pass(stream, func, cfg, false, &mut args[..n])
         } else {
-            dev.launch_cluster(stream, func, cfg, ctas, args)
+            dev.launch_cluster(stream, func, cfg, ctas, &mut args[..n])
         }
     }
 }
@@ -389,33 +431,23 @@ impl Device {
         let (kp, _g6) = kept.device_ptr_mut(stream);
         let k = self.kernels();
         if let TopkToppRoute::Cluster { ctas } = route {
-            let (p, _g) = param_ptrs(stream, params);
-            let mut args = [
-                kernel_arg(&l),
-                kernel_arg(&p.top_k),
-                kernel_arg(&p.top_p),
-                kernel_arg(&p.min_p),
-                kernel_arg(&p.temperature),
-                kernel_arg(&kp),
-                kernel_arg(&vocab),
-                kernel_arg(&stride),
-                kernel_arg(&batch),
-                kernel_arg(&w),
-            ];
-            // SAFETY: the argument list matches
-            // `topk_topp_cluster_mask_f32`'s signature; `logits` holds
-            // `rows.min_len()` elements (validated), the parameters and
-            // `kept` at least `batch` elements (checked), `ws` the layout's
-            // words (grown above), all live cudarc buffers of this stream's
-            // context; clusters of `ctas` the GPU runs (`route_of`).
+            // SAFETY: `topk_topp_cluster_mask_f32` takes the shared list with
+            // `kept` as its one output; `logits` holds `rows.min_len()`
+            // elements (validated), the parameters and `kept` at least
+            // `batch` elements (checked), `ws` the layout's words (grown
+            // above), all live cudarc buffers of this stream's context;
+            // clusters of `ctas` the GPU runs (`route_of`).
             return unsafe {
                 launch_cluster_route(
                     self,
                     stream,
                     &k.topk_topp_cluster_mask_f32,
+                    l,
+                    params,
+                    &[kp],
                     &rows,
                     ctas,
-                    &mut args,
+                    w,
                 )
             };
         }
@@ -516,37 +548,24 @@ impl Device {
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
         let (v, _g9) = out.valid.device_ptr_mut(stream);
         if let TopkToppRoute::Cluster { ctas } = route {
-            let (p, _g) = param_ptrs(stream, params);
-            let mut args = [
-                kernel_arg(&l),
-                kernel_arg(&p.top_k),
-                kernel_arg(&p.top_p),
-                kernel_arg(&p.min_p),
-                kernel_arg(&p.temperature),
-                kernel_arg(&s),
-                kernel_arg(&o),
-                kernel_arg(&tok),
-                kernel_arg(&v),
-                kernel_arg(&vocab),
-                kernel_arg(&stride),
-                kernel_arg(&batch),
-                kernel_arg(&w),
-            ];
-            // SAFETY: the argument list matches
-            // `topk_topp_cluster_sample_f32`'s signature; `logits` holds
-            // `rows.min_len()` elements (validated), the parameters, seeds,
-            // offsets and both outputs at least `batch` elements (checked),
-            // `ws` the layout's words (grown above), all live cudarc buffers
-            // of this stream's context; clusters of `ctas` the GPU runs
-            // (`route_of`).
+            // SAFETY: `topk_topp_cluster_sample_f32` takes the shared list
+            // with seed, offset, tokens and valid as its outputs; `logits`
+            // holds `rows.min_len()` elements (validated), the parameters,
+            // seeds, offsets and both outputs at least `batch` elements
+            // (checked), `ws` the layout's words (grown above), all live
+            // cudarc buffers of this stream's context; clusters of `ctas`
+            // the GPU runs (`route_of`).
             return unsafe {
                 launch_cluster_route(
                     self,
                     stream,
                     &self.kernels().topk_topp_cluster_sample_f32,
+                    l,
+                    params,
+                    &[s, o, tok, v],
                     &rows,
                     ctas,
-                    &mut args,
+                    w,
                 )
             };
         }
