@@ -26,10 +26,10 @@
 //! 4. a selection kernel (a block per row) merges the tiers, loads the
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
-//!    pivot rounds there; a list of at most 512 candidates is ranked
-//!    instead (each candidate's place in the total order by comparison
-//!    with every other, then the cut from the masses summed in that order:
-//!    two barriers where the rounds took two each);
+//!    pivot rounds there; a list of at most 4096 candidates is sorted
+//!    instead (its entries' order words by a bitonic network in shared
+//!    memory, then the cut from the masses summed in that order by block
+//!    scans);
 //! 5. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
 //!    over the chunk's elements outside the kept set, without reading them
 //!    when the kept set came from the lists.
@@ -45,7 +45,7 @@
 //!   renormalised, by inverse CDF in the total order (value desc, index
 //!   asc) with `u = uniform_open(row_uniform_bits(seed_key(seed), offset,
 //!   0))`, found by one more pivot search over the kept set's cumulative
-//!   mass (by one block scan over the ranks when the cut was ranked).
+//!   mass (by one block scan over the ranks when the list was sorted).
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
@@ -100,8 +100,8 @@ const _: () = assert!(
     REDUCE_BYTES + ROW_THREADS as usize * 4 + TOPK_TOPP_LIST_CAP as usize * 8
         <= TOPK_TOPP_SMEM_BYTES as usize
 );
-// The ranked list, then its sorted order and masses, inside the list's room.
-const _: () = assert!(3 * RANK_MAX <= TOPK_TOPP_LIST_CAP);
+// The sorted order words, then their masses, inside the list's room.
+const _: () = assert!(2 * SORT_MAX <= TOPK_TOPP_LIST_CAP);
 const _: () =
     assert!(REDUCE_BYTES + TOPK_TOPP_CHUNK as usize / 8 <= TOPK_TOPP_CHUNK_SMEM_BYTES as usize);
 
@@ -836,8 +836,8 @@ struct Selected {
     cut: Cut,
     weights: Weights,
     valid: bool,
-    /// Kept ranks when [`rank_cut`] made the cut (its sorted order and
-    /// masses are in shared memory), else 0.
+    /// Kept ranks when [`sort_cut`] made the cut (its sorted order and
+    /// masses are in shared memory, the list's entries gone), else 0.
     ranked: u32,
 }
 
@@ -1095,12 +1095,12 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
         };
         let src = Source { row, list };
 
-        // Short lists: the candidates ranked in the total order, no pivot
-        // rounds.
+        // Lists of at most SORT_MAX: the candidates sorted in the total
+        // order, no pivot rounds.
         if let Some(l) = list
-            && (1..=RANK_MAX).contains(&l.total)
+            && (1..=SORT_MAX).contains(&l.total)
         {
-            let (cut, ranked) = rank_cut(
+            let (cut, ranked) = sort_cut(
                 l,
                 topk.then_some(k),
                 topp.then_some(top_p),
@@ -1192,32 +1192,43 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
     }
 }
 
-/// Longest candidate list [`rank_cut`] ranks (two candidates a thread).
-const RANK_MAX: u32 = 2 * ROW_THREADS;
+/// Longest candidate list [`sort_cut`] sorts: its order words in the
+/// first half of the list's room, their masses in the second.
+const SORT_MAX: u32 = TOPK_TOPP_LIST_CAP / 2;
 
 /// The position of a list entry (key in the low half, index in the high
 /// half) in the total order as one number: larger first (key descending,
-/// then index ascending).
+/// then index ascending). Never 0 (the index's complement is not).
 #[inline(always)]
 fn order_of(entry: u64) -> u64 {
     (entry << 32) | u64::from(!((entry >> 32) as u32))
 }
 
-/// The kept prefix of a row whose candidates are all in the short list `l`
-/// (at most [`RANK_MAX`], every one a candidate): each candidate's rank in
-/// the total order (how many candidates precede it), then top-k keeps the
-/// ranks below `k` and top-p (`top_p`) the ranks whose exclusive mass,
-/// summed in rank order, is below `top_p` times the top-k survivors' mass
-/// (`total_mass`, every min-p survivor's, without top-k), and at least
-/// one: the pivot search's cut (its masses summed in another order). Also
-/// returns the kept ranks; the sorted order and masses stay in shared
-/// memory ([`rank_arrays`]) for [`rank_draw`].
+/// Ranks a thread holds in the sorted arrays when `n` ranks are spread
+/// over the block: thread `t` the `per` ranks from `t per`.
+#[inline(always)]
+fn ranks_per_thread(n: u32) -> u32 {
+    n.div_ceil(ROW_THREADS)
+}
+
+/// The kept prefix of a row whose candidates are all in the list `l` (at
+/// most [`SORT_MAX`], every one a candidate): the list's entries, turned
+/// in place into their order words ([`order_of`]), sorted descending by a
+/// bitonic network, so rank `r` is the `r`-th candidate of the total
+/// order; then top-k keeps the ranks below `k` and top-p (`top_p`) the
+/// ranks whose exclusive mass, summed in rank order, is below `top_p`
+/// times the top-k survivors' mass (`total_mass`, every min-p survivor's,
+/// without top-k), and at least one: the pivot search's cut (its masses
+/// summed in another order). Returns the cut and the kept ranks; the
+/// sorted order and masses stay in shared memory ([`sorted_arrays`]) for
+/// [`sorted_draw`]. The list's entries are gone: a caller reads the kept
+/// set from the ranks.
 ///
 /// # Safety
-/// As [`block_reduce`]; the list is loaded (a barrier since) and the
-/// shared memory after its first [`RANK_MAX`] entries is free.
+/// As [`block_reduce`]; the list is loaded (a barrier since) in the
+/// list's room of [`SORT_MAX`] order words and as many masses.
 #[inline(always)]
-unsafe fn rank_cut(
+unsafe fn sort_cut(
     l: List,
     k: Option<u32>,
     top_p: Option<f32>,
@@ -1227,59 +1238,54 @@ unsafe fn rank_cut(
 ) -> (Cut, u32) {
     let tid = arch::thread_idx_x();
     let n = l.total;
-    // SAFETY: the list's entries below n; the sorted arrays (RANK_MAX u64
-    // and RANK_MAX f64) after the list's first RANK_MAX entries, inside
-    // TOPK_TOPP_SMEM_BYTES (const assert); barriers between the writes and
-    // the reads.
+    // SAFETY: the list's entries below n, turned into order words by the
+    // thread that reads them; the sort's padding up to a power of two at
+    // most SORT_MAX; the masses after SORT_MAX words, inside the list's
+    // room (const assert); barriers between the writes and the reads.
     unsafe {
-        let (order, mass) = rank_arrays(l);
-        // This thread's candidates: tid and tid + ROW_THREADS.
-        let mine = [tid, tid + ROW_THREADS];
-        let own = mine.map(|s| {
-            if s < n {
-                order_of(*l.entries.add(s as usize))
-            } else {
-                0
-            }
-        });
-        let mut rank = [0u32; 2];
-        let mut j = 0;
-        while j < n {
-            let o = order_of(*l.entries.add(j as usize));
-            rank[0] += u32::from(o > own[0]);
-            rank[1] += u32::from(o > own[1]);
-            j += 1;
+        let (order, mass) = sorted_arrays(l);
+        let mut q = tid;
+        while q < n {
+            *order.add(q as usize) = order_of(*order.add(q as usize));
+            q += ROW_THREADS;
         }
-        for e in 0..2 {
-            if mine[e] < n {
-                let key = (own[e] >> 32) as u32;
-                *order.add(rank[e] as usize) = own[e];
-                *mass.add(rank[e] as usize) =
-                    f64::from(w.weight(f32::from_bits(f32_from_key(key))));
-            }
+        // The sort's first barrier follows the conversion.
+        block::bitonic_sort_desc(order, n, ROW_THREADS);
+        let mut r = tid;
+        while r < n {
+            let key = (*order.add(r as usize) >> 32) as u32;
+            *mass.add(r as usize) = f64::from(w.weight(f32::from_bits(f32_from_key(key))));
+            r += ROW_THREADS;
         }
         arch::bar_sync();
         // Top-k: the first k ranks.
         let kept_k = k.map_or(n, |k| k.min(n));
-        // Thread t holds ranks 2t and 2t + 1 of the top-k survivors.
-        let r0 = 2 * tid;
-        let m0 = if r0 < kept_k {
-            *mass.add(r0 as usize)
-        } else {
-            0.0
-        };
-        let m1 = if r0 + 1 < kept_k {
-            *mass.add(r0 as usize + 1)
-        } else {
-            0.0
-        };
         let kept = match top_p {
             None => kept_k,
             Some(p) => {
-                let (excl, kmass) = block_exclusive_scan_f64(m0 + m1, smem as *mut f64);
+                // Thread t sums ranks [t per, (t + 1) per) of the top-k
+                // survivors, in rank order.
+                let per = ranks_per_thread(kept_k);
+                let r0 = tid * per;
+                let mut sum = 0.0f64;
+                let mut j = 0;
+                while j < per {
+                    if r0 + j < kept_k {
+                        sum += *mass.add((r0 + j) as usize);
+                    }
+                    j += 1;
+                }
+                let (excl, kmass) = block_exclusive_scan_f64(sum, smem as *mut f64);
                 let target = f64::from(p) * if k.is_some() { kmass } else { total_mass };
-                let below = u32::from(r0 < kept_k && excl < target)
-                    + u32::from(r0 + 1 < kept_k && excl + m0 < target);
+                let (mut below, mut acc) = (0u32, excl);
+                let mut j = 0;
+                while j < per {
+                    if r0 + j < kept_k {
+                        below += u32::from(acc < target);
+                        acc += *mass.add((r0 + j) as usize);
+                    }
+                    j += 1;
+                }
                 let (_, count) = block_exclusive_scan(below, smem as *mut u32);
                 count.max(1)
             }
@@ -1293,56 +1299,58 @@ unsafe fn rank_cut(
     }
 }
 
-/// The sorted order words and masses of [`rank_cut`], after the list's
-/// first [`RANK_MAX`] entries.
+/// The sorted order words and masses of [`sort_cut`]: the list's room,
+/// its first [`SORT_MAX`] words, then as many masses.
 #[inline(always)]
-fn rank_arrays(l: List) -> (*mut u64, *mut f64) {
-    // SAFETY (of the offsets): inside the list's room (const assert).
-    unsafe {
-        let order = l.entries.add(RANK_MAX as usize) as *mut u64;
-        (order, order.add(RANK_MAX as usize) as *mut f64)
-    }
+fn sorted_arrays(l: List) -> (*mut u64, *mut f64) {
+    let order = l.entries as *mut u64;
+    // SAFETY (of the offset): inside the list's room (const assert).
+    (order, unsafe { order.add(SORT_MAX as usize) } as *mut f64)
 }
 
 /// The draw of [`sample_row`] over the `kept` first ranks of
-/// [`rank_cut`]: the index of the first rank whose cumulative mass, summed
+/// [`sort_cut`]: the index of the first rank whose cumulative mass, summed
 /// in rank order, exceeds `u` times the kept mass (the last kept rank when
 /// rounding leaves none).
 ///
 /// # Safety
-/// As [`block_reduce`]; [`rank_cut`] made `kept` (at least 1) ranks of `l`
+/// As [`block_reduce`]; [`sort_cut`] made `kept` (at least 1) ranks of `l`
 /// and nothing has written its arrays since.
 #[inline(always)]
-unsafe fn rank_draw(l: List, kept: u32, u: f32, smem: *mut u8) -> u32 {
+unsafe fn sorted_draw(l: List, kept: u32, u: f32, smem: *mut u8) -> u32 {
     let tid = arch::thread_idx_x();
-    let (order, mass) = rank_arrays(l);
-    // SAFETY: ranks below kept (at most RANK_MAX) of the arrays; block
+    let (order, mass) = sorted_arrays(l);
+    // SAFETY: ranks below kept (at most SORT_MAX) of the arrays; block
     // scans and reductions as their contracts.
     unsafe {
-        let r0 = 2 * tid;
-        let m0 = if r0 < kept {
-            *mass.add(r0 as usize)
-        } else {
-            0.0
-        };
-        let m1 = if r0 + 1 < kept {
-            *mass.add(r0 as usize + 1)
-        } else {
-            0.0
-        };
-        let (excl, total) = block_exclusive_scan_f64(m0 + m1, smem as *mut f64);
+        let per = ranks_per_thread(kept);
+        let r0 = tid * per;
+        let mut sum = 0.0f64;
+        let mut j = 0;
+        while j < per {
+            if r0 + j < kept {
+                sum += *mass.add((r0 + j) as usize);
+            }
+            j += 1;
+        }
+        let (excl, total) = block_exclusive_scan_f64(sum, smem as *mut f64);
         let target = f64::from(u) * total;
         // The first rank whose inclusive mass exceeds the target, as the
-        // largest `RANK_MAX - rank` (0: none).
-        let first = if r0 < kept && excl + m0 > target {
-            RANK_MAX - r0
-        } else if r0 + 1 < kept && excl + m0 + m1 > target {
-            RANK_MAX - r0 - 1
-        } else {
-            0
-        };
+        // largest `SORT_MAX - rank` (0: none).
+        let (mut first, mut acc) = (0u32, excl);
+        let mut j = 0;
+        while j < per {
+            let r = r0 + j;
+            if r < kept && first == 0 {
+                acc += *mass.add(r as usize);
+                if acc > target {
+                    first = SORT_MAX - r;
+                }
+            }
+            j += 1;
+        }
         let best = block::block_max_u64(u64::from(first), smem as *mut u64) as u32;
-        let r = if best == 0 { kept - 1 } else { RANK_MAX - best };
+        let r = if best == 0 { kept - 1 } else { SORT_MAX - best };
         !(*order.add(r as usize) as u32)
     }
 }
@@ -1680,15 +1688,21 @@ unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, smem: *mut u8) {
     unsafe {
         let (sel, src) = select(row, slots, smem);
         let cut = sel.cut;
-        let mut g = Group::EMPTY;
-        src.for_each(|key, i, _| {
-            if cut.keeps(key, i) {
-                g.n += 1;
-            }
-        });
-        let g = block_reduce(g, smem as *mut Group);
+        // A sorted list's kept set is its first ranks (and its entries are
+        // gone); else count the kept elements.
+        let n = if sel.ranked > 0 {
+            sel.ranked
+        } else {
+            let mut g = Group::EMPTY;
+            src.for_each(|key, i, _| {
+                if cut.keeps(key, i) {
+                    g.n += 1;
+                }
+            });
+            block_reduce(g, smem as *mut Group).n
+        };
         if arch::thread_idx_x() == 0 {
-            *kept = g.n;
+            *kept = n;
             let out = slots.cut();
             *out = cut.key;
             *out.add(1) = cut.index_end;
@@ -1890,7 +1904,7 @@ unsafe fn sample_row(
         if let Some(l) = src.list
             && sel.ranked > 0
         {
-            let token = rank_draw(l, sel.ranked, u, smem);
+            let token = sorted_draw(l, sel.ranked, u, smem);
             if tid == 0 {
                 *token_out = if token < row.n { token } else { 0 };
                 *valid = 1;
