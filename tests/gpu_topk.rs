@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Coverage, DISTS, Dist, Mismatches};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::kernels::params::TopkToppLayout;
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{Device, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace};
@@ -524,6 +524,198 @@ fn topk_rows_whose_candidates_overflow_the_lists_match_float64_reference() {
     report.assert_none("top-k/top-p rows that overflow the lists");
 }
 
+/// The renormalised probabilities, the kept sets and the masked logits of
+/// one batch, each from its own call: `(probs, kept counts of the renorm
+/// call, kept counts of the kept-set call, indices with `capacity` a row)`.
+/// Outputs are poisoned first.
+fn renorm_and_kept_on_gpu(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    params: &TruncParams,
+    capacity: usize,
+    ws: &mut Workspace,
+) -> (Vec<f32>, Vec<u32>, Vec<u32>, Vec<u32>) {
+    let d = stream.clone_htod(&b.logits).unwrap();
+    let (batch, vocab) = (b.rows.batch, b.rows.vocab);
+    let mut probs = stream.clone_htod(&vec![f32::NAN; batch * vocab]).unwrap();
+    let mut kept_r = stream.clone_htod(&vec![u32::MAX; batch]).unwrap();
+    dev.top_k_top_p_renorm_probs(
+        stream,
+        &d.as_view(),
+        b.rows,
+        params,
+        &mut probs.as_view_mut(),
+        &mut kept_r,
+        ws,
+    )
+    .unwrap();
+    let mut kept_s = stream.clone_htod(&vec![u32::MAX; batch]).unwrap();
+    let mut indices = stream
+        .clone_htod(&vec![u32::MAX; batch * capacity])
+        .unwrap();
+    dev.top_k_top_p_kept_set(
+        stream,
+        &d.as_view(),
+        b.rows,
+        params,
+        &mut kept_s,
+        &mut indices.as_view_mut(),
+        capacity,
+        ws,
+    )
+    .unwrap();
+    let logits_after = stream.clone_dtoh(&d).unwrap();
+    assert!(
+        logits_after
+            .iter()
+            .zip(&b.logits)
+            .all(|(a, c)| a.to_bits() == c.to_bits()),
+        "the renorm and kept-set calls wrote the logits"
+    );
+    (
+        stream.clone_dtoh(&probs).unwrap(),
+        stream.clone_dtoh(&kept_r).unwrap(),
+        stream.clone_dtoh(&kept_s).unwrap(),
+        stream.clone_dtoh(&indices).unwrap(),
+    )
+}
+
+/// One row's renormalised probabilities and kept set against the float64
+/// reference: the kept set (ascending, all of it when `capacity` holds it,
+/// else its first `capacity`) equals the reference's (as
+/// `kept_sets_agree` allows in top-p's 1e-6 band); both calls report its
+/// size; the probabilities sum to 1 (1e-4) and, where the kept set is the
+/// reference's, are exactly 0 outside it and within 2e-5 (relative) plus
+/// 1e-12 of the reference's inside it.
+fn check_renorm_kept_row(
+    row: &[f32],
+    p: &SamplingParams,
+    probs: &[f32],
+    (kept_r, kept_s): (u32, u32),
+    indices: &[u32],
+) -> Result<(), String> {
+    if kept_r != kept_s {
+        return Err(format!("kept count {kept_r} (renorm), {kept_s} (kept set)"));
+    }
+    let n = kept_s as usize;
+    let written = &indices[..n.min(indices.len())];
+    if !written.windows(2).all(|w| w[0] < w[1]) {
+        return Err("kept indices not ascending".into());
+    }
+    let near = reference::top_p_near_boundary(row, p).map_err(|e| e.to_string())?;
+    let mut want = reference::kept_set(row, p).map_err(|e| e.to_string())?;
+    want.sort_unstable();
+    if n <= indices.len() {
+        if near {
+            reference::kept_sets_agree(row, p, written)?;
+        } else if written != want.as_slice() {
+            reference::kept_sets_agree(row, p, written)?;
+            return Err(format!(
+                "kept sets differ ({} reference, {n} GPU)",
+                want.len()
+            ));
+        }
+    } else if !near && (n != want.len() || written != &want[..indices.len()]) {
+        return Err(format!(
+            "first {} of {n} kept indices differ from the reference's {}",
+            indices.len(),
+            want.len()
+        ));
+    }
+    let total: f64 = probs.iter().map(|&g| f64::from(g)).sum();
+    if n > 0 && (total - 1.0).abs() > 1e-4 {
+        return Err(format!("probabilities sum to {total}"));
+    }
+    // Values where the GPU kept set is known to be the reference's (in
+    // top-p's band a different set has another mass).
+    let whole = n <= indices.len();
+    if (whole && written != want.as_slice()) || (!whole && near) {
+        return Ok(());
+    }
+    let reference = reference::probabilities(row, p).map_err(|e| e.to_string())?;
+    for (j, (&g, &r)) in probs.iter().zip(&reference).enumerate() {
+        if want.binary_search(&(j as u32)).is_err() {
+            if g.to_bits() != 0 {
+                return Err(format!("index {j} outside the kept set: {g:e}, not 0"));
+            }
+        } else if (f64::from(g) - r).abs() > 2e-5 * r + 1e-12 {
+            return Err(format!("index {j}: probability {g:e}, reference {r:e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Renormalised probabilities and kept sets of `b` (kept-set capacity the
+/// vocabulary, then 3), each twice: bit-identical runs, kept counts equal
+/// to the masking call's, every row against the reference.
+fn check_renorm_kept_batch(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    ws: &mut Workspace,
+    report: &mut Mismatches,
+) {
+    let v = b.rows.vocab;
+    let params = b.upload(stream);
+    let (_, mask_kept) = mask_on_gpu(dev, stream, b, &params, ws);
+    for capacity in [v, 3] {
+        let first = renorm_and_kept_on_gpu(dev, stream, b, &params, capacity, ws);
+        let again = renorm_and_kept_on_gpu(dev, stream, b, &params, capacity, ws);
+        let (probs, kept_r, kept_s, indices) = &first;
+        let same = probs
+            .iter()
+            .zip(&again.0)
+            .all(|(a, c)| a.to_bits() == c.to_bits())
+            && (kept_r, kept_s, indices) == (&again.1, &again.2, &again.3);
+        report.check(same, || format!("V={v}: results differ between runs"));
+        report.check(*kept_s == mask_kept, || {
+            format!("V={v}: kept counts differ from the masking call's")
+        });
+        let results = par_rows(b.rows.batch, |r| {
+            check_renorm_kept_row(
+                b.row(r),
+                &b.params[r],
+                &probs[r * v..(r + 1) * v],
+                (kept_r[r], kept_s[r]),
+                &indices[r * capacity..(r + 1) * capacity],
+            )
+        });
+        report_rows(b, results, report);
+    }
+}
+
+/// Renormalised probabilities and kept sets (`top_k_top_p_renorm_probs`,
+/// `top_k_top_p_kept_set`) against the float64 reference on random rows of
+/// every distribution and parameter mix, rows whose candidates overflow
+/// the lists, and a kept-set capacity smaller than most kept sets; both
+/// bit-identical across runs; the kept counts equal the masking call's.
+#[test]
+fn topk_renorm_probs_and_kept_sets_match_float64_reference() {
+    const TEST: &str = "topk_renorm_probs_and_kept_sets_match_float64_reference";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let mut batches = Vec::new();
+    for (vocab, batch) in [(111, 1000), (4099, 500), (32_000, 200), (151_936, 40)] {
+        batches.push(Batch::random(&mut rng, batch, vocab));
+    }
+    let mut crowded = Batch::crowded(&mut rng, 8, 151_936);
+    let fits = Batch::random(&mut rng, 8, 151_936);
+    crowded.logits.extend_from_slice(&fits.logits);
+    crowded.params.extend_from_slice(&fits.params);
+    crowded.what.extend_from_slice(&fits.what);
+    crowded.rows = Rows::contiguous(16, 151_936);
+    batches.push(crowded);
+    for b in &batches {
+        check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
+    }
+    report.assert_none("top-k/top-p renormalised probabilities and kept sets");
+}
+
 /// The cluster route (one launch, a cluster of blocks per row) gives the
 /// chunked passes' results bit for bit, whatever the cluster's size, and
 /// both equal the reference: random rows, crowded rows (the selection
@@ -632,6 +824,15 @@ fn sanitize_topk_paths() {
         "topk_topp_filter_f32",
         "topk_topp_sample_f32",
     ];
+    const RENORM_KEPT: [&str; 7] = [
+        "topk_topp_stats_f32",
+        "topk_topp_plan_f32",
+        "topk_topp_filter_f32",
+        "topk_topp_mask_f32",
+        "topk_topp_renorm_f32",
+        "topk_topp_kept_count_f32",
+        "topk_topp_kept_write_f32",
+    ];
     let mut batches: Vec<Batch> = [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)]
         .into_iter()
         .map(|(vocab, batch)| Batch::random(&mut rng, batch, vocab))
@@ -655,6 +856,10 @@ fn sanitize_topk_paths() {
             if route == TopkToppRoute::Chunked {
                 coverage.case(&MASK);
                 coverage.case(&SAMPLE);
+                // The renormalised probabilities and kept sets (always the
+                // chunked passes).
+                check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
+                coverage.case(&RENORM_KEPT);
             } else {
                 coverage.case(&["topk_topp_cluster_mask_f32"]);
                 coverage.case(&["topk_topp_cluster_sample_f32"]);
@@ -703,6 +908,55 @@ fn sanitize_topk_paths() {
         TopkToppRoute::Chunked => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
     }]);
+    // The same strided rows into contiguous probabilities and kept sets.
+    let d = stream.clone_htod(&logits).unwrap();
+    let mut probs = stream.alloc_zeros::<f32>(3 * 4099).unwrap();
+    let mut kept_r = stream.alloc_zeros::<u32>(3).unwrap();
+    let mut kept_s = stream.alloc_zeros::<u32>(3).unwrap();
+    let mut indices = stream.alloc_zeros::<u32>(3 * 4099).unwrap();
+    let view = d.as_view();
+    dev.top_k_top_p_renorm_probs(
+        &stream,
+        &view,
+        rows,
+        &params,
+        &mut probs.as_view_mut(),
+        &mut kept_r,
+        &mut ws,
+    )
+    .unwrap();
+    dev.top_k_top_p_kept_set(
+        &stream,
+        &view,
+        rows,
+        &params,
+        &mut kept_s,
+        &mut indices.as_view_mut(),
+        4099,
+        &mut ws,
+    )
+    .unwrap();
+    let (probs, indices) = (
+        stream.clone_dtoh(&probs).unwrap(),
+        stream.clone_dtoh(&indices).unwrap(),
+    );
+    let (kept_r, kept_s) = (
+        stream.clone_dtoh(&kept_r).unwrap(),
+        stream.clone_dtoh(&kept_s).unwrap(),
+    );
+    for r in 0..3 {
+        let res = check_renorm_kept_row(
+            b.row(r),
+            &b.params[r],
+            &probs[r * 4099..(r + 1) * 4099],
+            (kept_r[r], kept_s[r]),
+            &indices[r * 4099..(r + 1) * 4099],
+        );
+        report.check(res.is_ok(), || {
+            format!("strided row {r}, renorm and kept set: {res:?}")
+        });
+    }
+    coverage.case(&RENORM_KEPT);
     report.assert_none("sanitize: top-k/top-p paths");
     coverage.report(TEST);
 }
@@ -786,6 +1040,43 @@ fn topk_bad_arguments_are_rejected() {
         dev.sample_top_k_top_p(&stream, &d.as_view(), ok, &params, &mut out, &mut ws)
             .is_ok()
     );
+    // Renormalised probabilities: `probs` of batch * vocab, `kept` of batch.
+    let mut probs = stream.alloc_zeros::<f32>(20).unwrap();
+    let mut renorm = |rows: Rows, probs_len: usize, kept: &mut CudaSlice<u32>| {
+        dev.top_k_top_p_renorm_probs(
+            &stream,
+            &d.as_view(),
+            rows,
+            &params,
+            &mut probs.slice_mut(..probs_len),
+            kept,
+            &mut ws,
+        )
+        .is_ok()
+    };
+    assert!(renorm(ok, 20, &mut kept));
+    assert!(!renorm(ok, 19, &mut kept));
+    assert!(!renorm(ok, 20, &mut short));
+    assert!(!renorm(Rows::contiguous(3, 10), 20, &mut kept));
+    // Kept sets: capacity at least 1, `indices` of batch * capacity.
+    let mut indices = stream.alloc_zeros::<u32>(8).unwrap();
+    let mut kept_set = |capacity: usize, len: usize, kept: &mut CudaSlice<u32>| {
+        dev.top_k_top_p_kept_set(
+            &stream,
+            &d.as_view(),
+            ok,
+            &params,
+            kept,
+            &mut indices.slice_mut(..len),
+            capacity,
+            &mut ws,
+        )
+        .is_ok()
+    };
+    assert!(kept_set(4, 8, &mut kept));
+    assert!(!kept_set(0, 8, &mut kept));
+    assert!(!kept_set(4, 7, &mut kept));
+    assert!(!kept_set(4, 8, &mut short));
     stream.synchronize().unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! `topk_topp`: exact top-k / top-p / min-p truncation of f32 logits on the
-//! GPU (Qrita pivot search, issue 4): masking in place and sampling from
-//! the truncated distribution.
+//! GPU (Qrita pivot search, issue 4): masking in place, the probabilities
+//! renormalised over the kept set, the kept set as (count, indices), and
+//! sampling from the truncated distribution.
 //!
 //! A row is spread over `ceil(V / 8192)` blocks for the passes that touch
 //! every element (statistics; the pre-filter, which lists the candidates
@@ -288,6 +289,60 @@ fn launch_prefilter(
     Ok(())
 }
 
+/// Launches the selection kernel (`topk_topp_mask_f32`: a block per row)
+/// after the pre-filter passes: each row's cut into the workspace, its kept
+/// count to `kept`, and (`with_mass`) its kept mass into its cut slot.
+///
+/// # Safety
+/// `logits` holds the call's validated `rows`, `kept` at least `batch`
+/// u32, `ws` the layout's words with the pre-filter passes of the same
+/// call launched before on `stream`; all live buffers of the stream's
+/// context.
+unsafe fn launch_selection(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    logits: u64,
+    kept: u64,
+    rows: &Rows,
+    with_mass: bool,
+    ws: u64,
+) -> Result<()> {
+    let vocab = rows.vocab as u32;
+    let stride = rows.row_stride as u64;
+    let batch = rows.batch as u32;
+    let with_mass = u32::from(with_mass);
+    let mut args = [
+        kernel_arg(&logits),
+        kernel_arg(&kept),
+        kernel_arg(&vocab),
+        kernel_arg(&stride),
+        kernel_arg(&batch),
+        kernel_arg(&ws),
+        kernel_arg(&with_mass),
+    ];
+    // SAFETY: the argument list matches `topk_topp_mask_f32`'s signature;
+    // the buffers as the caller's contract says; one block of ROW_THREADS
+    // per row with the shared memory the kernel asks for, after the
+    // prefilter passes on this stream.
+    unsafe {
+        dev.launch_pass(
+            stream,
+            &dev.kernels().topk_topp_mask_f32,
+            row_per_block(rows),
+            true,
+            &mut args,
+        )
+    }
+}
+
+/// Checks a per-row output of at least `batch` elements.
+fn check_rows_out(what: &'static str, len: usize, batch: usize) -> Result<()> {
+    if len < batch {
+        return Err(shape(what, format!("at least {batch} rows"), len));
+    }
+    Ok(())
+}
+
 /// The route of a call: the workspace's forced one (checked against what
 /// the GPU runs), else the planned one.
 fn route_of(dev: &Device, rows: &Rows, ws: &Workspace) -> Result<TopkToppRoute> {
@@ -414,13 +469,7 @@ impl Device {
         self.check_stream(stream)?;
         rows.validate("logits", logits.len())?;
         params.check(rows.batch)?;
-        if kept.len() < rows.batch {
-            return Err(shape(
-                "kept",
-                format!("at least {} rows", rows.batch),
-                kept.len(),
-            ));
-        }
+        check_rows_out("kept", kept.len(), rows.batch)?;
         let route = route_of(self, &rows, ws)?;
         let lay = fit_workspace(stream, &rows, ws)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
@@ -452,31 +501,12 @@ impl Device {
             };
         }
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        let mut mask_args = [
-            kernel_arg(&l),
-            kernel_arg(&kp),
-            kernel_arg(&vocab),
-            kernel_arg(&stride),
-            kernel_arg(&batch),
-            kernel_arg(&w),
-        ];
-        // SAFETY: the argument list matches `topk_topp_mask_f32`'s
-        // signature; `logits` holds `rows.min_len()` elements (validated:
-        // batch rows `row_stride` apart with `vocab` each, 1 <= vocab <=
+        // SAFETY: `logits` holds `rows.min_len()` elements (validated: batch
+        // rows `row_stride` apart with `vocab` each, 1 <= vocab <=
         // MAX_VOCAB), `kept` at least `batch` elements (checked), `ws` the
-        // layout's words (grown above, the plans and lists written by the
-        // passes before), all live cudarc buffers of this stream's context;
-        // one block of ROW_THREADS per row with the shared memory the kernel
-        // asks for, after the prefilter passes on this stream.
-        unsafe {
-            self.launch_pass(
-                stream,
-                &k.topk_topp_mask_f32,
-                row_per_block(&rows),
-                true,
-                &mut mask_args,
-            )
-        }?;
+        // layout's words (grown above), all live cudarc buffers of this
+        // stream's context; the prefilter passes launched just before.
+        unsafe { launch_selection(self, stream, l, kp, &rows, false, w) }?;
         let mut apply_args = [
             kernel_arg(&l),
             kernel_arg(&vocab),
@@ -602,6 +632,203 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Probabilities renormalised over each row's kept set (as
+    /// [`Device::top_k_top_p_mask_logits`] keeps it) into `probs`
+    /// (`[batch, vocab]`, contiguous): `exp((x - max) / T)` of a kept logit
+    /// `x` over the kept set's sum of the same, 0 outside the kept set
+    /// ([`crate::reference::probabilities`]; within f32 rounding of it, and
+    /// of the one-element top-p band of the kept set); `kept[r]` receives
+    /// the kept count. A row with nothing finite and no +inf gets all zeros
+    /// and `kept = 0`; rows with +inf entries spread the mass evenly over
+    /// them. The logits are only read. Always the chunked passes (five
+    /// launches).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, Rows, TruncParams, Workspace};
+    ///
+    /// let dev = Device::new(0)?;
+    /// let stream = dev.new_stream()?;
+    /// let logits = stream.clone_htod(&[1.0f32, 3.0, 2.0, 0.0]).map_err(flashsample::Error::from)?;
+    /// // top-k 2, top-p off, min-p off, temperature 1.
+    /// let params = TruncParams::upload(&stream, &[2], &[1.0], &[0.0], &[1.0], &[0], &[0])?;
+    /// let mut probs = stream.alloc_zeros::<f32>(4).map_err(flashsample::Error::from)?;
+    /// let mut kept = stream.alloc_zeros::<u32>(1).map_err(flashsample::Error::from)?;
+    /// let mut ws = Workspace::new(&stream)?;
+    /// dev.top_k_top_p_renorm_probs(&stream, &logits.as_view(), Rows::contiguous(1, 4), &params,
+    ///     &mut probs.as_view_mut(), &mut kept, &mut ws)?;
+    /// let p = stream.clone_dtoh(&probs).map_err(flashsample::Error::from)?;
+    /// assert!((p[1] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6 && p[0] == 0.0);
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn top_k_top_p_renorm_probs(
+        &self,
+        stream: &Arc<CudaStream>,
+        logits: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TruncParams,
+        probs: &mut CudaViewMut<'_, f32>,
+        kept: &mut CudaSlice<u32>,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        rows.validate("logits", logits.len())?;
+        params.check(rows.batch)?;
+        check_rows_out("kept", kept.len(), rows.batch)?;
+        let out_len = rows.batch * rows.vocab;
+        if probs.len() < out_len {
+            return Err(shape("probs", format!("at least {out_len}"), probs.len()));
+        }
+        let lay = fit_workspace(stream, &rows, ws)?;
+        let vocab = rows.vocab as u32;
+        let stride = rows.row_stride as u64;
+        let probs_stride = rows.vocab as u64;
+        let batch = rows.batch as u32;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
+        let (l, _g1) = logits.device_ptr(stream);
+        let (kp, _g2) = kept.device_ptr_mut(stream);
+        let (pr, _g3) = probs.device_ptr_mut(stream);
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
+        // SAFETY: `logits` holds `rows.min_len()` elements (validated),
+        // `kept` at least `batch` elements (checked), `ws` the layout's
+        // words (grown above), all live cudarc buffers of this stream's
+        // context; the prefilter passes launched just before.
+        unsafe { launch_selection(self, stream, l, kp, &rows, true, w) }?;
+        let mut args = [
+            kernel_arg(&l),
+            kernel_arg(&pr),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&probs_stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
+        // SAFETY: the argument list matches `topk_topp_renorm_f32`'s
+        // signature; `probs` holds `batch * vocab` f32 (checked), a buffer
+        // of its own (a `&mut` view); the rest as above; a block per chunk
+        // of every row, after the selection (with the mass) on this stream.
+        unsafe {
+            self.launch_pass(
+                stream,
+                &self.kernels().topk_topp_renorm_f32,
+                chunk_per_block(&rows, &lay)?,
+                true,
+                &mut args,
+            )
+        }
+    }
+
+    /// Each row's kept set (as [`Device::top_k_top_p_mask_logits`] keeps
+    /// it) as its count, into `kept[r]`, and its indices in ascending
+    /// order, into `indices[r * capacity ..]` (the first `capacity` of them
+    /// when the row keeps more; the rest of the row's slots untouched): for
+    /// speculative decoding and RL, which need the truncated support. Equal
+    /// to [`crate::reference::kept_set`] sorted by index, but for top-p's
+    /// one-element 1e-6 band. The logits are only read. Always the chunked
+    /// passes (six launches).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashsample::Result<()> {
+    /// use flashsample::{Device, Rows, TruncParams, Workspace};
+    ///
+    /// let dev = Device::new(0)?;
+    /// let stream = dev.new_stream()?;
+    /// let logits = stream.clone_htod(&[1.0f32, 3.0, 2.0, 0.0]).map_err(flashsample::Error::from)?;
+    /// let params = TruncParams::upload(&stream, &[2], &[1.0], &[0.0], &[1.0], &[0], &[0])?;
+    /// let mut kept = stream.alloc_zeros::<u32>(1).map_err(flashsample::Error::from)?;
+    /// let mut indices = stream.alloc_zeros::<u32>(4).map_err(flashsample::Error::from)?;
+    /// let mut ws = Workspace::new(&stream)?;
+    /// dev.top_k_top_p_kept_set(&stream, &logits.as_view(), Rows::contiguous(1, 4), &params,
+    ///     &mut kept, &mut indices.as_view_mut(), 4, &mut ws)?;
+    /// assert_eq!(stream.clone_dtoh(&kept).map_err(flashsample::Error::from)?, [2]);
+    /// assert_eq!(stream.clone_dtoh(&indices).map_err(flashsample::Error::from)?[..2], [1, 2]);
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn top_k_top_p_kept_set(
+        &self,
+        stream: &Arc<CudaStream>,
+        logits: &CudaView<'_, f32>,
+        rows: Rows,
+        params: &TruncParams,
+        kept: &mut CudaSlice<u32>,
+        indices: &mut CudaViewMut<'_, u32>,
+        capacity: usize,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        rows.validate("logits", logits.len())?;
+        params.check(rows.batch)?;
+        check_rows_out("kept", kept.len(), rows.batch)?;
+        if capacity == 0 || capacity > u32::MAX as usize {
+            return Err(param("capacity", capacity));
+        }
+        let out_len = rows.batch.saturating_mul(capacity);
+        if indices.len() < out_len {
+            return Err(shape(
+                "indices",
+                format!("at least {out_len}"),
+                indices.len(),
+            ));
+        }
+        let lay = fit_workspace(stream, &rows, ws)?;
+        let vocab = rows.vocab as u32;
+        let stride = rows.row_stride as u64;
+        let batch = rows.batch as u32;
+        let cap = capacity as u32;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
+        let (l, _g1) = logits.device_ptr(stream);
+        let (kp, _g2) = kept.device_ptr_mut(stream);
+        let (ix, _g3) = indices.device_ptr_mut(stream);
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
+        // SAFETY: as in `top_k_top_p_renorm_probs`.
+        unsafe { launch_selection(self, stream, l, kp, &rows, false, w) }?;
+        let cfg = chunk_per_block(&rows, &lay)?;
+        let mut count_args = [
+            kernel_arg(&l),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
+        // SAFETY: the argument list matches `topk_topp_kept_count_f32`'s
+        // signature; buffers as above; a block per chunk of every row,
+        // after the selection on this stream.
+        unsafe {
+            self.launch_pass(
+                stream,
+                &self.kernels().topk_topp_kept_count_f32,
+                cfg,
+                true,
+                &mut count_args,
+            )
+        }?;
+        let mut write_args = [
+            kernel_arg(&l),
+            kernel_arg(&ix),
+            kernel_arg(&cap),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&w),
+        ];
+        // SAFETY: the argument list matches `topk_topp_kept_write_f32`'s
+        // signature; `indices` holds `batch * capacity` u32 (checked), a
+        // buffer of its own; after the count pass on this stream.
+        unsafe {
+            self.launch_pass(
+                stream,
+                &self.kernels().topk_topp_kept_write_f32,
+                cfg,
+                true,
+                &mut write_args,
+            )
+        }
+    }
+}
+
 /// Raises the dynamic shared memory limit of the selecting `topk_topp_*`
 /// kernels (their candidate list needs more than the default 48 KiB),
 /// allows the cluster kernels Hopper's non-portable cluster sizes, and
@@ -696,7 +923,8 @@ mod tests {
             assert!(lay.tiers >= lay.stats + slots * 24 / 8);
             assert!(lay.counts >= lay.tiers + slots * 72 / 8);
             assert!(lay.lists * 2 >= lay.counts * 2 + slots);
-            assert_eq!(lay.cuts, lay.lists + slots * lay.cap as usize);
+            assert_eq!(lay.kept_counts, lay.lists + slots * lay.cap as usize);
+            assert!(lay.cuts * 2 >= lay.kept_counts * 2 + slots);
             assert_eq!(lay.plans, lay.cuts + 2 * batch as usize);
             assert_eq!(lay.words, lay.plans + 6 * batch as usize);
         }

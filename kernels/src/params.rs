@@ -360,9 +360,9 @@ pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 48;
 
 /// Where the `topk_topp_*` kernels keep their per-call state in the
 /// workspace, in 8-byte words: per (row, chunk) a statistics partial, a
-/// tiers partial, a candidate count and a list of up to `cap` candidates
-/// (key in the low half, index in the high half); per row the cut and the
-/// plan.
+/// tiers partial, a candidate count, a list of up to `cap` candidates
+/// (key in the low half, index in the high half) and a kept count; per row
+/// the cut and the plan.
 /// Host and kernels compute the same layout from (batch, vocab).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopkToppLayout {
@@ -374,8 +374,11 @@ pub struct TopkToppLayout {
     pub tiers: usize,
     pub counts: usize,
     pub lists: usize,
-    /// Per row: `[key, index_end, mode, 0]` as u32 (mode 1: the masking
-    /// pass works from the lists, 0: from the row).
+    /// Per (row, chunk): the chunk's kept count (u32; the kept-set passes).
+    pub kept_counts: usize,
+    /// Per row: `[key, index_end, mode, mass]` as u32 (mode 1: the masking
+    /// pass works from the lists, 0: from the row; mass: the kept weights'
+    /// sum as f32 bits when the selection was asked for it, else 0).
     pub cuts: usize,
     /// Per row: the pre-filter's thresholds and weights.
     pub plans: usize,
@@ -400,7 +403,8 @@ impl TopkToppLayout {
         let tiers = stats + slots * TOPK_TOPP_STATS_SLOT_BYTES / 8;
         let counts = tiers + slots * TOPK_TOPP_TIERS_SLOT_BYTES / 8;
         let lists = counts + slots.div_ceil(2);
-        let cuts = lists + slots * cap as usize;
+        let kept_counts = lists + slots * cap as usize;
+        let cuts = kept_counts + slots.div_ceil(2);
         TopkToppLayout {
             chunks,
             cap,
@@ -408,6 +412,7 @@ impl TopkToppLayout {
             tiers,
             counts,
             lists,
+            kept_counts,
             cuts,
             plans: cuts + 2 * batch as usize,
             words: cuts + 2 * batch as usize + batch as usize * TOPK_TOPP_PLAN_SLOT_BYTES / 8,

@@ -38,9 +38,14 @@
 //! only, so a row's result depends only on the row and its parameters.
 //!
 //! Two selection kernels:
-//! - [`topk_topp_mask_f32`] writes the cut and the kept count per row, and
-//!   [`topk_topp_apply_f32`] then writes -inf in place over every logit
-//!   outside the kept set (vLLM semantics);
+//! - [`topk_topp_mask_f32`] writes the cut and the kept count per row (and
+//!   on request the kept mass), and then, a block per chunk,
+//!   [`topk_topp_apply_f32`] writes -inf in place over every logit outside
+//!   the kept set (vLLM semantics), or [`topk_topp_renorm_f32`] writes the
+//!   probabilities renormalised over the kept set into another buffer, or
+//!   [`topk_topp_kept_count_f32`] and [`topk_topp_kept_write_f32`] write
+//!   the kept indices in ascending order (a bitmap of the chunk's kept
+//!   elements, then its words' counts scanned over the block);
 //! - [`topk_topp_sample_f32`] draws one token per row from the kept set
 //!   renormalised, by inverse CDF in the total order (value desc, index
 //!   asc) with `u = uniform_open(row_uniform_bits(seed_key(seed), offset,
@@ -49,8 +54,9 @@
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
-//! (or sample). Block [`ROW_THREADS`] (exactly); the chunked kernels a grid
-//! of `(batch * chunks, 1, 1)` blocks and the plan kernel `(batch, 1, 1)`,
+//! (or renorm, or kept count and kept write), or sample. Block
+//! [`ROW_THREADS`] (exactly); the chunked kernels a grid of
+//! `(batch * chunks, 1, 1)` blocks and the plan kernel `(batch, 1, 1)`,
 //! with [`TOPK_TOPP_CHUNK_SMEM_BYTES`] of dynamic shared memory; the
 //! selection kernels `(batch, 1, 1)` with [`TOPK_TOPP_SMEM_BYTES`];
 //! `chunks` is [`TopkToppLayout::chunks`].
@@ -104,6 +110,8 @@ const _: () = assert!(
 const _: () = assert!(2 * SORT_MAX <= TOPK_TOPP_LIST_CAP);
 const _: () =
     assert!(REDUCE_BYTES + TOPK_TOPP_CHUNK as usize / 8 <= TOPK_TOPP_CHUNK_SMEM_BYTES as usize);
+// The kept-set passes: a bitmap word per thread.
+const _: () = assert!(TOPK_TOPP_CHUNK / 32 == ROW_THREADS);
 
 // ---------------------------------------------------------------------------
 // Block reductions in a fixed order.
@@ -892,6 +900,13 @@ impl Slots {
         unsafe { (self.ws.add(self.lay.counts) as *mut u32).add(self.slot(c)) }
     }
 
+    /// Chunk `c`'s kept count (the kept-set passes).
+    #[inline(always)]
+    fn kept_count(&self, c: u32) -> *mut u32 {
+        // SAFETY: as `stats`.
+        unsafe { (self.ws.add(self.lay.kept_counts) as *mut u32).add(self.slot(c)) }
+    }
+
     /// Chunk `c`'s candidate list (`cap` entries).
     #[inline(always)]
     fn list(&self, c: u32) -> *mut u64 {
@@ -1204,11 +1219,32 @@ fn order_of(entry: u64) -> u64 {
     (entry << 32) | u64::from(!((entry >> 32) as u32))
 }
 
-/// Ranks a thread holds in the sorted arrays when `n` ranks are spread
-/// over the block: thread `t` the `per` ranks from `t per`.
+/// This thread's run of ranks when `n` ranks are spread over the block:
+/// `(first, count)`, thread `t` the `ceil(n / ROW_THREADS)` ranks from
+/// `t` times that (some past `n`).
 #[inline(always)]
-fn ranks_per_thread(n: u32) -> u32 {
-    n.div_ceil(ROW_THREADS)
+fn my_ranks(n: u32) -> (u32, u32) {
+    let per = n.div_ceil(ROW_THREADS);
+    (arch::thread_idx_x() * per, per)
+}
+
+/// The sum, in rank order, of the masses of this thread's run of ranks
+/// ([`my_ranks`]) below `end`.
+///
+/// # Safety
+/// `mass` holds the ranks below `end`.
+#[inline(always)]
+unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
+    let mut sum = 0.0f64;
+    let mut j = 0;
+    while j < per {
+        if r0 + j < end {
+            // SAFETY: below end (caller's contract).
+            sum += unsafe { *mass.add((r0 + j) as usize) };
+        }
+        j += 1;
+    }
+    sum
 }
 
 /// The kept prefix of a row whose candidates are all in the list `l` (at
@@ -1263,18 +1299,9 @@ unsafe fn sort_cut(
         let kept = match top_p {
             None => kept_k,
             Some(p) => {
-                // Thread t sums ranks [t per, (t + 1) per) of the top-k
-                // survivors, in rank order.
-                let per = ranks_per_thread(kept_k);
-                let r0 = tid * per;
-                let mut sum = 0.0f64;
-                let mut j = 0;
-                while j < per {
-                    if r0 + j < kept_k {
-                        sum += *mass.add((r0 + j) as usize);
-                    }
-                    j += 1;
-                }
+                // Each thread sums its run of the top-k survivors' ranks.
+                let (r0, per) = my_ranks(kept_k);
+                let sum = run_mass(mass, (r0, per), kept_k);
                 let (excl, kmass) = block_exclusive_scan_f64(sum, smem as *mut f64);
                 let target = f64::from(p) * if k.is_some() { kmass } else { total_mass };
                 let (mut below, mut acc) = (0u32, excl);
@@ -1308,6 +1335,18 @@ fn sorted_arrays(l: List) -> (*mut u64, *mut f64) {
     (order, unsafe { order.add(SORT_MAX as usize) } as *mut f64)
 }
 
+/// The sum of the masses of the `kept` first ranks of [`sort_cut`]
+/// (`mass`: its masses), to every thread, in a fixed order.
+///
+/// # Safety
+/// As [`block_reduce`]; [`sort_cut`] wrote at least `kept` masses and
+/// nothing has written them since.
+#[inline(always)]
+unsafe fn sorted_mass(kept: u32, mass: *const f64, smem: *mut u8) -> f64 {
+    // SAFETY: ranks below kept (caller's contract); the scan's slots.
+    unsafe { block_exclusive_scan_f64(run_mass(mass, my_ranks(kept), kept), smem as *mut f64).1 }
+}
+
 /// The draw of [`sample_row`] over the `kept` first ranks of
 /// [`sort_cut`]: the index of the first rank whose cumulative mass, summed
 /// in rank order, exceeds `u` times the kept mass (the last kept rank when
@@ -1318,21 +1357,12 @@ fn sorted_arrays(l: List) -> (*mut u64, *mut f64) {
 /// and nothing has written its arrays since.
 #[inline(always)]
 unsafe fn sorted_draw(l: List, kept: u32, u: f32, smem: *mut u8) -> u32 {
-    let tid = arch::thread_idx_x();
     let (order, mass) = sorted_arrays(l);
     // SAFETY: ranks below kept (at most SORT_MAX) of the arrays; block
     // scans and reductions as their contracts.
     unsafe {
-        let per = ranks_per_thread(kept);
-        let r0 = tid * per;
-        let mut sum = 0.0f64;
-        let mut j = 0;
-        while j < per {
-            if r0 + j < kept {
-                sum += *mass.add((r0 + j) as usize);
-            }
-            j += 1;
-        }
+        let (r0, per) = my_ranks(kept);
+        let sum = run_mass(mass, (r0, per), kept);
         let (excl, total) = block_exclusive_scan_f64(sum, smem as *mut f64);
         let target = f64::from(u) * total;
         // The first rank whose inclusive mass exceeds the target, as the
@@ -1642,9 +1672,12 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
     }
 }
 
-/// Pass 3 of masking: selects each row's kept set and writes its cut (for
-/// [`topk_topp_apply_f32`]) and the kept count (0 for a row with nothing
-/// finite and no +inf). Reads the logits only.
+/// Pass 3 of masking (and of the renormalised probabilities and the kept
+/// sets): selects each row's kept set and writes its cut (for
+/// [`topk_topp_apply_f32`], [`topk_topp_renorm_f32`] and
+/// [`topk_topp_kept_count_f32`]), the kept count (0 for a row with nothing
+/// finite and no +inf) and, when `with_mass` is not 0, the kept mass (for
+/// [`topk_topp_renorm_f32`]). Reads the logits only.
 ///
 /// # Launch
 /// See the module docs (a block per row).
@@ -1660,6 +1693,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     row_stride: u64,
     batch: u32,
     ws: *mut u64,
+    with_mass: u32,
 ) {
     pass_start();
     let r = arch::block_idx_x();
@@ -1672,34 +1706,48 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
             row,
             Slots::new(ws, batch, vocab, r),
             kept.add(r as usize),
+            with_mass != 0,
             smem,
         );
     }
 }
 
 /// The mask kernel's work for one row: its cut to its slot, its kept count
-/// to `*kept`.
+/// to `*kept`, and (`with_mass`) the kept set's mass (its weights' sum) to
+/// the slot's last word, as f32 bits (else 0).
 ///
 /// # Safety
 /// As [`select`]; `kept` is writable.
 #[inline(always)]
-unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, smem: *mut u8) {
+unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, with_mass: bool, smem: *mut u8) {
     // SAFETY: forwarded.
     unsafe {
         let (sel, src) = select(row, slots, smem);
-        let cut = sel.cut;
+        let (cut, w) = (sel.cut, sel.weights);
         // A sorted list's kept set is its first ranks (and its entries are
         // gone); else count the kept elements.
-        let n = if sel.ranked > 0 {
-            sel.ranked
+        let (n, mass) = if let Some(l) = src.list
+            && sel.ranked > 0
+        {
+            let mass = if with_mass {
+                sorted_mass(sel.ranked, sorted_arrays(l).1, smem)
+            } else {
+                0.0
+            };
+            (sel.ranked, mass)
         } else {
             let mut g = Group::EMPTY;
-            src.for_each(|key, i, _| {
+            src.for_each(|key, i, x| {
                 if cut.keeps(key, i) {
-                    g.n += 1;
+                    if with_mass {
+                        g.add(key, f64::from(w.weight(x)));
+                    } else {
+                        g.n += 1;
+                    }
                 }
             });
-            block_reduce(g, smem as *mut Group).n
+            let g = block_reduce(g, smem as *mut Group);
+            (g.n, g.mass)
         };
         if arch::thread_idx_x() == 0 {
             *kept = n;
@@ -1707,7 +1755,7 @@ unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, smem: *mut u8) {
             *out = cut.key;
             *out.add(1) = cut.index_end;
             *out.add(2) = u32::from(src.list.is_some());
-            *out.add(3) = 0;
+            *out.add(3) = (mass as f32).to_bits();
         }
     }
 }
@@ -1753,17 +1801,11 @@ pub unsafe extern "ptx-kernel" fn topk_topp_apply_f32(
 /// visible to the block).
 #[inline(always)]
 unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mut u8) {
-    let tid = arch::thread_idx_x();
-    // SAFETY: the caller's contract covers every access; the bitmap is
-    // `TOPK_TOPP_CHUNK / 32` words after the reduction slots.
+    // SAFETY: the caller's contract covers every access.
     unsafe {
         let chunk = Row::chunk(Row::whole(ptr, vocab), c);
-        let at = slots.cut();
-        let cut = Cut {
-            key: *at,
-            index_end: *at.add(1),
-        };
-        if *at.add(2) == 0 {
+        let (cut, from_lists) = read_cut(slots);
+        if !from_lists {
             chunk.scan(|ok, key, i, _| {
                 if ok && !cut.keeps(key, i) {
                     *ptr.add(i as usize) = f32::NEG_INFINITY;
@@ -1772,6 +1814,60 @@ unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mu
             arch::bar_sync();
             return;
         }
+        let bits = kept_bits(chunk, c, slots, cut, true, smem);
+        write_chunk(
+            chunk.ptr as *mut f32,
+            chunk.n,
+            bits,
+            f32::NEG_INFINITY,
+            |_| None,
+        );
+    }
+}
+
+/// The row's cut as the selection wrote it, and whether it came from the
+/// lists (which then hold every kept element).
+///
+/// # Safety
+/// The selection of this call has completed.
+#[inline(always)]
+unsafe fn read_cut(slots: Slots) -> (Cut, bool) {
+    let at = slots.cut();
+    // SAFETY: the row's cut slot (caller's contract).
+    unsafe {
+        (
+            Cut {
+                key: *at,
+                index_end: *at.add(1),
+            },
+            *at.add(2) != 0,
+        )
+    }
+}
+
+/// Chunk `chunk` (chunk `c` of its row)'s kept elements under `cut` as a
+/// bitmap in shared memory, `TOPK_TOPP_CHUNK / 32` words after the
+/// reduction slots (bit `l % 32` of word `l / 32` for the chunk's element
+/// `l`): marked from the chunk's list when the cut came from the lists
+/// (`from_lists`), else by reading the chunk. Ends with a block barrier.
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; the shared memory holds
+/// [`TOPK_TOPP_CHUNK_SMEM_BYTES`]; the selection of this call has completed.
+#[inline(always)]
+unsafe fn kept_bits(
+    chunk: Row,
+    c: u32,
+    slots: Slots,
+    cut: Cut,
+    from_lists: bool,
+    smem: *mut u8,
+) -> *mut u32 {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the bitmap inside the chunk passes' shared memory (const
+    // assert); list entries below the chunk's count and capacity; a
+    // barrier between the clearing and the marking, and after it.
+    unsafe {
         let bits = smem.add(REDUCE_BYTES) as *mut u32;
         let mut w = tid;
         while w < TOPK_TOPP_CHUNK / 32 {
@@ -1779,36 +1875,72 @@ unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mu
             w += ROW_THREADS;
         }
         arch::bar_sync();
-        let count = (*slots.count(c)).min(slots.lay.cap);
-        let list = slots.list(c);
-        let mut j = tid;
-        while j < count {
-            let e = *list.add(j as usize);
-            let (key, i) = (e as u32, (e >> 32) as u32);
-            if cut.keeps(key, i) {
-                let l = i - chunk.base;
-                arch::red_shared_add_u32(
-                    arch::smem_addr(bits.add((l / 32) as usize)),
-                    1 << (l % 32),
-                );
+        let mark = |i: u32| {
+            let l = i - chunk.base;
+            arch::red_shared_add_u32(arch::smem_addr(bits.add((l / 32) as usize)), 1 << (l % 32));
+        };
+        if from_lists {
+            let count = (*slots.count(c)).min(slots.lay.cap);
+            let list = slots.list(c);
+            let mut j = tid;
+            while j < count {
+                let e = *list.add(j as usize);
+                let (key, i) = (e as u32, (e >> 32) as u32);
+                if cut.keeps(key, i) {
+                    mark(i);
+                }
+                j += ROW_THREADS;
             }
-            j += ROW_THREADS;
+        } else {
+            chunk.scan(|ok, key, i, _| {
+                if ok && cut.keeps(key, i) {
+                    mark(i);
+                }
+            });
         }
         arch::bar_sync();
-        let ninf = f32::NEG_INFINITY.to_bits();
-        let out = chunk.ptr as *mut f32;
-        if (out as usize).is_multiple_of(16) && chunk.n.is_multiple_of(4) {
+        bits
+    }
+}
+
+/// Writes the `n` elements at `out` (element `l` of a chunk whose kept
+/// elements are the set bits of `bits`): `fill` where the bit is clear,
+/// `kept(l)` where it is set and that is `Some` (else the element keeps
+/// its bits). 16-byte stores where the chunk allows. Ends with a block
+/// barrier.
+///
+/// # Safety
+/// Every thread of the block calls it; `out` holds `n` writable f32;
+/// `bits` is the chunk's bitmap ([`kept_bits`]), complete.
+#[inline(always)]
+unsafe fn write_chunk(
+    out: *mut f32,
+    n: u32,
+    bits: *const u32,
+    fill: f32,
+    kept: impl Fn(u32) -> Option<f32>,
+) {
+    let tid = arch::thread_idx_x();
+    let bit = |l: u32| {
+        // SAFETY: l below the chunk's length (callers), inside the bitmap.
+        unsafe { (*bits.add((l / 32) as usize) >> (l % 32)) & 1 }
+    };
+    // SAFETY: elements below n (caller's contract).
+    unsafe {
+        if (out as usize).is_multiple_of(16) && n.is_multiple_of(4) {
             let mut v = tid;
-            while v < chunk.n / 4 {
+            while v < n / 4 {
                 let l = 4 * v;
                 let mask = (*bits.add((l / 32) as usize) >> (l % 32)) & 0xf;
                 let p = out.add(l as usize);
                 if mask == 0 {
-                    arch::st_global_v4_u32(p as *mut u32, [ninf; 4]);
+                    arch::st_global_v4_u32(p as *mut u32, [fill.to_bits(); 4]);
                 } else {
                     for e in 0..4 {
                         if mask & (1 << e) == 0 {
-                            *p.add(e) = f32::NEG_INFINITY;
+                            *p.add(e) = fill;
+                        } else if let Some(x) = kept(l + e as u32) {
+                            *p.add(e) = x;
                         }
                     }
                 }
@@ -1816,14 +1948,149 @@ unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mu
             }
         } else {
             let mut l = tid;
-            while l < chunk.n {
-                if (*bits.add((l / 32) as usize) >> (l % 32)) & 1 == 0 {
-                    *out.add(l as usize) = f32::NEG_INFINITY;
+            while l < n {
+                if bit(l) == 0 {
+                    *out.add(l as usize) = fill;
+                } else if let Some(x) = kept(l) {
+                    *out.add(l as usize) = x;
                 }
                 l += ROW_THREADS;
             }
         }
         arch::bar_sync();
+    }
+}
+
+/// Writes each row's probabilities renormalised over its kept set (as
+/// `reference::probabilities`): `weight(x) / mass` for a kept logit `x`
+/// (`weight`: the row's `exp((x - max) / T)`, `mass`: the kept weights'
+/// sum, from the selection), 0 elsewhere, into row `r` of `probs` (rows
+/// `probs_stride` apart; a row with nothing finite and no +inf all 0).
+/// Reads the logits (only the kept ones when the cut came from the lists).
+///
+/// # Launch
+/// See the module docs (a block per chunk, after [`topk_topp_mask_f32`]
+/// with `with_mass` set).
+///
+/// # Safety
+/// See the module docs; `probs` holds `batch` rows of `vocab` writable
+/// f32 `probs_stride` apart, overlapping nothing else of the call; the
+/// selection of this call has completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_renorm_f32(
+    logits: *const f32,
+    probs: *mut f32,
+    vocab: u32,
+    row_stride: u64,
+    probs_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract covers every access; control flow
+    // depends only on the row's cut (uniform).
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let chunk = Row::chunk(row, c);
+        let (cut, from_lists) = read_cut(slots);
+        let mass = f32::from_bits(*slots.cut().add(3));
+        let w = (*slots.plan()).plan.weights;
+        let bits = kept_bits(chunk, c, slots, cut, from_lists, smem);
+        let out = probs.add(r as usize * probs_stride as usize + chunk.base as usize);
+        write_chunk(out, chunk.n, bits, 0.0, |l| {
+            Some(w.weight(*chunk.ptr.add(l as usize)) / mass)
+        });
+    }
+}
+
+/// The kept-set passes, 1 of 2: each chunk's kept count (in the
+/// workspace, for [`topk_topp_kept_write_f32`]).
+///
+/// # Launch
+/// See the module docs (a block per chunk, after [`topk_topp_mask_f32`]).
+///
+/// # Safety
+/// See the module docs; the selection of this call has completed.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_kept_count_f32(
+    logits: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract covers every access; the bitmap has a
+    // word per thread (const assert).
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let (cut, from_lists) = read_cut(slots);
+        let bits = kept_bits(Row::chunk(row, c), c, slots, cut, from_lists, smem);
+        let mine = (*bits.add(arch::thread_idx_x() as usize)).count_ones();
+        let (_, total) = block_exclusive_scan(mine, smem as *mut u32);
+        if arch::thread_idx_x() == 0 {
+            *slots.kept_count(c) = total;
+        }
+    }
+}
+
+/// The kept-set passes, 2 of 2: each row's kept indices in ascending
+/// order into row `r` of `indices` (`capacity` a row; a row's first
+/// `capacity` when it keeps more; its kept count is the selection's).
+///
+/// # Launch
+/// See the module docs (a block per chunk, after
+/// [`topk_topp_kept_count_f32`]).
+///
+/// # Safety
+/// See the module docs; `indices` holds `batch * capacity` writable u32;
+/// the kept-count pass of this call has completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_kept_write_f32(
+    logits: *const f32,
+    indices: *mut u32,
+    capacity: u32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let tid = arch::thread_idx_x();
+    // SAFETY: the launch contract covers every access; the bitmap has a
+    // word per thread (const assert); the scans' barriers separate their
+    // uses of the reduction slots.
+    unsafe {
+        // The kept elements of the row's earlier chunks.
+        let mut before = 0u32;
+        let mut e = tid;
+        while e < c {
+            before += *slots.kept_count(e);
+            e += ROW_THREADS;
+        }
+        let (_, offset) = block_exclusive_scan(before, smem as *mut u32);
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let chunk = Row::chunk(row, c);
+        let (cut, from_lists) = read_cut(slots);
+        let bits = kept_bits(chunk, c, slots, cut, from_lists, smem);
+        let mut word = *bits.add(tid as usize);
+        let (mut at, _) = block_exclusive_scan(word.count_ones(), smem as *mut u32);
+        at += offset;
+        let out = indices.add(r as usize * capacity as usize);
+        while word != 0 && at < capacity {
+            let b = word.trailing_zeros();
+            *out.add(at as usize) = chunk.base + 32 * tid + b;
+            word &= word - 1;
+            at += 1;
+        }
     }
 }
 
@@ -2112,7 +2379,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
             smem,
         );
         if c.rank == 0 {
-            mask_row(c.row, c.slots, kept.add(c.r as usize), smem);
+            mask_row(c.row, c.slots, kept.add(c.r as usize), false, smem);
         }
         row_cluster_sync();
         let mut chunk = c.rank;
