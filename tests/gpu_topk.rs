@@ -716,6 +716,171 @@ fn topk_renorm_probs_and_kept_sets_match_float64_reference() {
     report.assert_none("top-k/top-p renormalised probabilities and kept sets");
 }
 
+/// The 16-bit logit types, as the `half` crate converts them.
+trait HalfValue: flashsample::TruncElem + cudarc::driver::ValidAsZeroBits {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl HalfValue for half::bf16 {
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+impl HalfValue for half::f16 {
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+/// Every truncation call on `b`'s logits rounded to a 16-bit format `H`
+/// against the same call on their exact f32 widening (which the f32 tests
+/// hold to the reference): masked logits (narrowed back), tokens,
+/// renormalised probabilities and kept sets bit for bit; the kernels see
+/// the same f32 rows either way.
+fn check_half_batch<H: HalfValue>(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    ws: &mut Workspace,
+    report: &mut Mismatches,
+) {
+    let (narrow, widen) = (H::from_f32, H::to_f32);
+    let (batch, v) = (b.rows.batch, b.rows.vocab);
+    let half: Vec<H> = b.logits.iter().map(|&x| narrow(x)).collect();
+    let wide = Batch {
+        rows: b.rows,
+        logits: half.iter().map(|&h| widen(h)).collect(),
+        params: b.params.clone(),
+        what: b.what.clone(),
+    };
+    let params = wide.upload(stream);
+    let name = std::any::type_name::<H>();
+    // Masking in place.
+    let (masked, kept) = mask_on_gpu(dev, stream, &wide, &params, ws);
+    let mut d = stream.clone_htod(&half).unwrap();
+    let mut kept_h = stream.clone_htod(&vec![u32::MAX; batch]).unwrap();
+    dev.top_k_top_p_mask_logits(
+        stream,
+        &mut d.as_view_mut(),
+        b.rows,
+        &params,
+        &mut kept_h,
+        ws,
+    )
+    .unwrap();
+    let masked_h = stream.clone_dtoh(&d).unwrap();
+    let same = masked_h
+        .iter()
+        .zip(&masked)
+        .all(|(&h, &x)| widen(h).to_bits() == x.to_bits());
+    report.check(same, || {
+        format!("{name} V={v}: masked logits differ from f32's")
+    });
+    report.check(stream.clone_dtoh(&kept_h).unwrap() == kept, || {
+        format!("{name} V={v}: kept counts differ from f32's")
+    });
+    // Sampling.
+    let tokens = sample_on_gpu(dev, stream, &wide, &params, ws);
+    let d = stream.clone_htod(&half).unwrap();
+    let mut out = SampleOutput::new(stream, batch).unwrap();
+    dev.sample_top_k_top_p(stream, &d.as_view(), b.rows, &params, &mut out, ws)
+        .unwrap();
+    let (t, valid) = (
+        stream.clone_dtoh(&out.tokens).unwrap(),
+        stream.clone_dtoh(&out.valid).unwrap(),
+    );
+    let tokens_h: Vec<Option<u32>> = t
+        .iter()
+        .zip(&valid)
+        .map(|(&t, &v)| (v == 1).then_some(t))
+        .collect();
+    report.check(tokens_h == tokens, || {
+        format!("{name} V={v}: tokens differ from f32's")
+    });
+    // Renormalised probabilities and kept sets.
+    let (probs, kept_r, _, indices) = renorm_and_kept_on_gpu(dev, stream, &wide, &params, v, ws);
+    let mut probs_h = stream.alloc_zeros::<f32>(batch * v).unwrap();
+    let mut kept_hr = stream.alloc_zeros::<u32>(batch).unwrap();
+    let mut kept_hs = stream.alloc_zeros::<u32>(batch).unwrap();
+    let mut indices_h = stream.alloc_zeros::<u32>(batch * v).unwrap();
+    dev.top_k_top_p_renorm_probs(
+        stream,
+        &d.as_view(),
+        b.rows,
+        &params,
+        &mut probs_h.as_view_mut(),
+        &mut kept_hr,
+        ws,
+    )
+    .unwrap();
+    dev.top_k_top_p_kept_set(
+        stream,
+        &d.as_view(),
+        b.rows,
+        &params,
+        &mut kept_hs,
+        &mut indices_h.as_view_mut(),
+        v,
+        ws,
+    )
+    .unwrap();
+    let probs_h = stream.clone_dtoh(&probs_h).unwrap();
+    let same = probs_h
+        .iter()
+        .zip(&probs)
+        .all(|(a, c)| a.to_bits() == c.to_bits());
+    report.check(same, || {
+        format!("{name} V={v}: probabilities differ from f32's")
+    });
+    let (kept_hr, kept_hs) = (
+        stream.clone_dtoh(&kept_hr).unwrap(),
+        stream.clone_dtoh(&kept_hs).unwrap(),
+    );
+    report.check(kept_hr == kept_r && kept_hs == kept_r, || {
+        format!("{name} V={v}: renorm or kept-set counts differ from f32's")
+    });
+    let indices_h = stream.clone_dtoh(&indices_h).unwrap();
+    let same = (0..batch).all(|r| {
+        let n = (kept_r[r] as usize).min(v);
+        indices_h[r * v..r * v + n] == indices[r * v..r * v + n]
+    });
+    report.check(same, || {
+        format!("{name} V={v}: kept sets differ from f32's")
+    });
+}
+
+/// bf16 and f16 logits (widened exactly into the workspace, masked results
+/// narrowed back) give the f32 calls' results on the widened values, bit
+/// for bit, on random rows (of odd lengths too, whose widened copy's rows
+/// are padded to a multiple of 4) and rows that overflow the lists.
+#[test]
+fn topk_bf16_and_f16_logits_match_their_f32_widening() {
+    const TEST: &str = "topk_bf16_and_f16_logits_match_their_f32_widening";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    for (vocab, batch) in [(111, 200), (4099, 100), (32_000, 40), (151_937, 8)] {
+        let b = Batch::random(&mut rng, batch, vocab);
+        check_half_batch::<half::bf16>(&dev, &stream, &b, &mut ws, &mut report);
+        check_half_batch::<half::f16>(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    let b = Batch::crowded(&mut rng, 4, 151_936);
+    check_half_batch::<half::bf16>(&dev, &stream, &b, &mut ws, &mut report);
+    check_half_batch::<half::f16>(&dev, &stream, &b, &mut ws, &mut report);
+    report.assert_none("top-k/top-p on 16-bit logits");
+}
+
 /// The cluster route (one launch, a cluster of blocks per row) gives the
 /// chunked passes' results bit for bit, whatever the cluster's size, and
 /// both equal the reference: random rows, crowded rows (the selection
@@ -957,6 +1122,13 @@ fn sanitize_topk_paths() {
         });
     }
     coverage.case(&RENORM_KEPT);
+    // 16-bit logits: widened into the workspace, masked results narrowed
+    // back.
+    let b = Batch::random(&mut rng, 5, 4099);
+    check_half_batch::<half::bf16>(&dev, &stream, &b, &mut ws, &mut report);
+    check_half_batch::<half::f16>(&dev, &stream, &b, &mut ws, &mut report);
+    coverage.case(&["widen_rows_bf16", "narrow_rows_bf16"]);
+    coverage.case(&["widen_rows_f16", "narrow_rows_f16"]);
     report.assert_none("sanitize: top-k/top-p paths");
     coverage.report(TEST);
 }

@@ -1065,3 +1065,41 @@ fn the_kernels_f32_rule_is_within_tolerance() -> TestResult {
     m.assert_none("f32 rule within tolerance");
     Ok(())
 }
+
+/// The kernels' 16-bit conversions (used to widen bf16/f16 logits for the
+/// top-k/top-p kernels and narrow their masked results back) agree with
+/// the `half` crate: every 16-bit pattern widened, and a million random
+/// f32 bit patterns (NaNs aside, whose payloads the two keep differently)
+/// plus every f32 near a 16-bit value narrowed.
+#[test]
+fn float16_conversions_agree_with_the_half_crate() {
+    use flashsample::kernels::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+    for bits in 0..=u16::MAX {
+        let (b, h) = (half::bf16::from_bits(bits), half::f16::from_bits(bits));
+        if !b.is_nan() {
+            assert_eq!(bf16_to_f32(bits).to_bits(), b.to_f32().to_bits());
+        }
+        if !h.is_nan() {
+            assert_eq!(f16_to_f32(bits).to_bits(), h.to_f32().to_bits());
+        }
+    }
+    let mut rng = common::rng("float16_conversions_agree_with_the_half_crate");
+    let near = (0..=u16::MAX).flat_map(|bits| {
+        let x = f16_to_f32(bits).to_bits();
+        [
+            x.wrapping_sub(1),
+            x,
+            x.wrapping_add(1),
+            x.wrapping_add(1 << 12),
+        ]
+    });
+    let random: Vec<u32> = (0..1_000_000).map(|_| rng.random()).collect();
+    for x in near
+        .chain(random)
+        .map(f32::from_bits)
+        .filter(|x| !x.is_nan())
+    {
+        assert_eq!(f32_to_bf16(x), half::bf16::from_f32(x).to_bits(), "{x:e}");
+        assert_eq!(f32_to_f16(x), half::f16::from_f32(x).to_bits(), "{x:e}");
+    }
+}

@@ -16,10 +16,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
 };
 use flashsample_kernels::params::{
-    ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
+    CONVERT_PER_THREAD, CONVERT_THREADS, ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES,
+    TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
 };
 
 use crate::device::{Device, kernel_arg, max_active_clusters};
@@ -193,15 +194,159 @@ fn chunk_per_block(rows: &Rows, lay: &TopkToppLayout) -> Result<LaunchConfig> {
     blocks_per_row(rows, lay.chunks, TOPK_TOPP_CHUNK_SMEM_BYTES)
 }
 
-/// The workspace layout of a call, with the workspace grown to hold it.
-fn fit_workspace(
+/// The 16-bit logit formats the truncation calls take (widened to f32 in
+/// the workspace first; f32 logits are read in place).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// bfloat16.
+    Bf16,
+    /// IEEE binary16.
+    F16,
+}
+
+/// Element types of the logits the truncation calls take: f32 (read in
+/// place, the fast path), bf16 and f16 (widened exactly into an f32 copy in
+/// the workspace, about 4 more bytes a logit there; masking writes its
+/// result back narrowed, exactly).
+pub trait TruncElem: DeviceRepr + Copy + 'static {
+    /// `None` for f32, else the 16-bit format.
+    const HALF: Option<Half>;
+}
+
+impl TruncElem for f32 {
+    const HALF: Option<Half> = None;
+}
+
+impl TruncElem for half::bf16 {
+    const HALF: Option<Half> = Some(Half::Bf16);
+}
+
+impl TruncElem for half::f16 {
+    const HALF: Option<Half> = Some(Half::F16);
+}
+
+/// Where a call's widened copy of 16-bit logits lies: after the layout's
+/// words, 16-byte aligned, rows a multiple of 4 elements apart (so the
+/// kernels take their 16-byte loads): (first word, its rows).
+fn wide_copy(lay: &TopkToppLayout, rows: &Rows) -> (usize, Rows) {
+    let rows = Rows {
+        row_stride: rows.vocab.next_multiple_of(4),
+        ..*rows
+    };
+    (lay.words.next_multiple_of(2), rows)
+}
+
+/// The workspace layout of a call on `T` logits, with the workspace grown
+/// to hold it (and the widened copy of 16-bit logits).
+fn fit_workspace<T: TruncElem>(
     stream: &Arc<CudaStream>,
     rows: &Rows,
     ws: &mut Workspace,
 ) -> Result<TopkToppLayout> {
     let lay = TopkToppLayout::new(rows.batch as u32, rows.vocab as u32);
-    ws.reserve(stream, lay.words, 0)?;
+    let words = if T::HALF.is_some() {
+        let (at, wide) = wide_copy(&lay, rows);
+        at + wide.min_len().div_ceil(2)
+    } else {
+        lay.words
+    };
+    ws.reserve(stream, words, 0)?;
     Ok(lay)
+}
+
+/// Launches a row copy (`widen_rows_*`, `narrow_rows_*`) of `rows.batch`
+/// rows of `rows.vocab` elements from `src` (rows `rows.row_stride` apart)
+/// to `dst` (rows `dst_stride` apart), after the stream's work before it.
+///
+/// # Safety
+/// `func` is one of the row copies; `src` and `dst` are live device
+/// buffers of the stream's context holding those rows in the kernel's
+/// element types, not overlapping.
+unsafe fn launch_copy_rows(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    func: &cudarc::driver::CudaFunction,
+    src: u64,
+    dst: u64,
+    rows: &Rows,
+    dst_stride: usize,
+) -> Result<()> {
+    let vocab = rows.vocab as u32;
+    let (src_stride, dst_stride) = (rows.row_stride as u64, dst_stride as u64);
+    let batch = rows.batch as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            vocab.div_ceil(CONVERT_THREADS * CONVERT_PER_THREAD),
+            batch.min(65_535),
+            1,
+        ),
+        block_dim: (CONVERT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut args = [
+        kernel_arg(&src),
+        kernel_arg(&dst),
+        kernel_arg(&vocab),
+        kernel_arg(&src_stride),
+        kernel_arg(&dst_stride),
+        kernel_arg(&batch),
+    ];
+    // SAFETY: the argument list matches the row copies' signature; the
+    // buffers as the caller's contract says; the grid the kernels expect.
+    // A plain launch: the copies do not wait for a previous pass.
+    unsafe { dev.launch_pass(stream, func, cfg, false, &mut args) }
+}
+
+/// The f32 rows the kernels read for a call's logits at `logits`
+/// (validated `rows` of `T`): the caller's own for f32; for 16-bit logits
+/// their exact widening, launched here, into the workspace at `ws` (grown
+/// by [`fit_workspace`]).
+fn kernel_rows<T: TruncElem>(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    logits: u64,
+    rows: &Rows,
+    lay: &TopkToppLayout,
+    ws: u64,
+) -> Result<(u64, Rows)> {
+    let Some(half) = T::HALF else {
+        return Ok((logits, *rows));
+    };
+    let (at, wide) = wide_copy(lay, rows);
+    let dst = ws + 8 * at as u64;
+    let k = dev.kernels();
+    let func = match half {
+        Half::Bf16 => &k.widen_rows_bf16,
+        Half::F16 => &k.widen_rows_f16,
+    };
+    // SAFETY: `logits` holds the validated rows of 16-bit elements; the
+    // copy lies inside the workspace after the layout's words (grown to
+    // hold it), apart from the logits.
+    unsafe { launch_copy_rows(dev, stream, func, logits, dst, rows, wide.row_stride) }?;
+    Ok((dst, wide))
+}
+
+/// Writes the masked f32 rows back over 16-bit logits (`logits`, `rows`)
+/// from the workspace copy (`wide`, `wide_rows`), exactly; nothing for f32
+/// logits, masked in place.
+fn narrow_back<T: TruncElem>(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    (wide, wide_rows): (u64, Rows),
+    logits: u64,
+    rows: &Rows,
+) -> Result<()> {
+    let Some(half) = T::HALF else {
+        return Ok(());
+    };
+    let k = dev.kernels();
+    let func = match half {
+        Half::Bf16 => &k.narrow_rows_bf16,
+        Half::F16 => &k.narrow_rows_f16,
+    };
+    // SAFETY: the workspace copy holds `wide_rows` f32 rows (widened and
+    // masked by this call), `logits` the validated 16-bit rows, apart.
+    unsafe { launch_copy_rows(dev, stream, func, wide, logits, &wide_rows, rows.row_stride) }
 }
 
 /// The device pointers of the truncation parameters, and the guards that
@@ -443,7 +588,8 @@ impl Device {
         plan_topk_topp_route(&rows, &self.topk_topp_caps())
     }
 
-    /// Truncates `[batch, vocab]` f32 logits in place (vLLM semantics):
+    /// Truncates `[batch, vocab]` logits (f32, bf16 or f16: [`TruncElem`])
+    /// in place (vLLM semantics):
     /// every logit outside its row's kept set (min-p, then top-k, then
     /// top-p, after temperature; see [`TruncParams`]) becomes -inf, kept
     /// logits keep their bits, and `kept[r]` receives the kept count. The
@@ -454,13 +600,14 @@ impl Device {
     /// finite and no +inf becomes all -inf with `kept = 0`. Deterministic:
     /// a row's result depends only on the row and its parameters.
     ///
-    /// `ws` holds the per-call state (about one byte per logit); it grows on
-    /// the first call of a shape, so reuse one per stream and make a call
-    /// of the largest shape before capturing a CUDA graph.
-    pub fn top_k_top_p_mask_logits(
+    /// `ws` holds the per-call state (about one byte per logit, four more
+    /// for 16-bit logits); it grows on the first call of a shape, so reuse
+    /// one per stream and make a call of the largest shape before capturing
+    /// a CUDA graph.
+    pub fn top_k_top_p_mask_logits<T: TruncElem>(
         &self,
         stream: &Arc<CudaStream>,
-        logits: &mut CudaViewMut<'_, f32>,
+        logits: &mut CudaViewMut<'_, T>,
         rows: Rows,
         params: &TruncParams,
         kept: &mut CudaSlice<u32>,
@@ -471,22 +618,24 @@ impl Device {
         params.check(rows.batch)?;
         check_rows_out("kept", kept.len(), rows.batch)?;
         let route = route_of(self, &rows, ws)?;
-        let lay = fit_workspace(stream, &rows, ws)?;
-        let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
-        let stride = rows.row_stride as u64;
-        let batch = rows.batch as u32;
+        let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (l, _g1) = logits.device_ptr_mut(stream);
+        let (user, _g1) = logits.device_ptr_mut(stream);
         let (kp, _g6) = kept.device_ptr_mut(stream);
+        let (l, krows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
+        let vocab = krows.vocab as u32; // validate: vocab <= MAX_VOCAB
+        let stride = krows.row_stride as u64;
+        let batch = krows.batch as u32;
         let k = self.kernels();
         if let TopkToppRoute::Cluster { ctas } = route {
             // SAFETY: `topk_topp_cluster_mask_f32` takes the shared list with
-            // `kept` as its one output; `logits` holds `rows.min_len()`
-            // elements (validated), the parameters and `kept` at least
-            // `batch` elements (checked), `ws` the layout's words (grown
-            // above), all live cudarc buffers of this stream's context;
-            // clusters of `ctas` the GPU runs (`route_of`).
-            return unsafe {
+            // `kept` as its one output; the f32 rows at `l` hold
+            // `krows.min_len()` elements (the caller's, validated, or the
+            // workspace copy), the parameters and `kept` at least `batch`
+            // elements (checked), `ws` the layout's words (grown above), all
+            // live cudarc buffers of this stream's context; clusters of
+            // `ctas` the GPU runs (`route_of`).
+            unsafe {
                 launch_cluster_route(
                     self,
                     stream,
@@ -494,42 +643,44 @@ impl Device {
                     l,
                     params,
                     &[kp],
-                    &rows,
+                    &krows,
                     ctas,
                     w,
                 )
-            };
+            }?;
+        } else {
+            launch_prefilter(self, stream, l, &krows, params, &lay, w)?;
+            // SAFETY: the f32 rows at `l` hold `krows.min_len()` elements
+            // (batch rows `row_stride` apart with `vocab` each, 1 <= vocab
+            // <= MAX_VOCAB), `kept` at least `batch` elements (checked),
+            // `ws` the layout's words (grown above), all live cudarc buffers
+            // of this stream's context; the prefilter passes launched just
+            // before.
+            unsafe { launch_selection(self, stream, l, kp, &krows, false, w) }?;
+            let mut apply_args = [
+                kernel_arg(&l),
+                kernel_arg(&vocab),
+                kernel_arg(&stride),
+                kernel_arg(&batch),
+                kernel_arg(&w),
+            ];
+            let apply_cfg = chunk_per_block(&krows, &lay)?;
+            // SAFETY: as `launch_prefilter`'s passes, for
+            // `topk_topp_apply_f32`, after the selection on this stream.
+            unsafe {
+                self.launch_pass(
+                    stream,
+                    &k.topk_topp_apply_f32,
+                    apply_cfg,
+                    true,
+                    &mut apply_args,
+                )
+            }?;
         }
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        // SAFETY: `logits` holds `rows.min_len()` elements (validated: batch
-        // rows `row_stride` apart with `vocab` each, 1 <= vocab <=
-        // MAX_VOCAB), `kept` at least `batch` elements (checked), `ws` the
-        // layout's words (grown above), all live cudarc buffers of this
-        // stream's context; the prefilter passes launched just before.
-        unsafe { launch_selection(self, stream, l, kp, &rows, false, w) }?;
-        let mut apply_args = [
-            kernel_arg(&l),
-            kernel_arg(&vocab),
-            kernel_arg(&stride),
-            kernel_arg(&batch),
-            kernel_arg(&w),
-        ];
-        let apply_cfg = chunk_per_block(&rows, &lay)?;
-        // SAFETY: as `launch_prefilter`'s passes, for
-        // `topk_topp_apply_f32`, after the selection on this stream.
-        unsafe {
-            self.launch_pass(
-                stream,
-                &k.topk_topp_apply_f32,
-                apply_cfg,
-                true,
-                &mut apply_args,
-            )
-        }?;
-        Ok(())
+        narrow_back::<T>(self, stream, (l, krows), user, &rows)
     }
 
-    /// Samples one token per row of `[batch, vocab]` f32 logits from the
+    /// Samples one token per row of `[batch, vocab]` logits (f32, bf16 or f16) from the
     /// row's kept set (as [`Device::top_k_top_p_mask_logits`]) with its
     /// probabilities renormalised: inverse CDF in the total order (value
     /// desc, index asc) with the uniform
@@ -540,10 +691,10 @@ impl Device {
     /// band); no token outside the kept set is ever drawn. A row with
     /// nothing finite and no +inf gets `valid = 0` and token 0. The logits
     /// are only read.
-    pub fn sample_top_k_top_p(
+    pub fn sample_top_k_top_p<T: TruncElem>(
         &self,
         stream: &Arc<CudaStream>,
-        logits: &CudaView<'_, f32>,
+        logits: &CudaView<'_, T>,
         rows: Rows,
         params: &TruncParams,
         out: &mut SampleOutput,
@@ -567,12 +718,13 @@ impl Device {
             ));
         }
         let route = route_of(self, &rows, ws)?;
-        let lay = fit_workspace(stream, &rows, ws)?;
+        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
+        let (user, _g1) = logits.device_ptr(stream);
+        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
         let vocab = rows.vocab as u32; // validate: vocab <= MAX_VOCAB
         let stride = rows.row_stride as u64;
         let batch = rows.batch as u32;
-        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (l, _g1) = logits.device_ptr(stream);
         let (s, _g6) = params.row.seed.device_ptr(stream);
         let (o, _g7) = params.row.offset.device_ptr(stream);
         let (tok, _g8) = out.tokens.device_ptr_mut(stream);
@@ -641,7 +793,7 @@ impl Device {
     /// of the one-element top-p band of the kept set); `kept[r]` receives
     /// the kept count. A row with nothing finite and no +inf gets all zeros
     /// and `kept = 0`; rows with +inf entries spread the mass evenly over
-    /// them. The logits are only read. Always the chunked passes (five
+    /// them. The logits (f32, bf16 or f16) are only read. Always the chunked passes (five
     /// launches).
     ///
     /// ```no_run
@@ -663,10 +815,10 @@ impl Device {
     /// # Ok(()) }
     /// ```
     #[allow(clippy::too_many_arguments)]
-    pub fn top_k_top_p_renorm_probs(
+    pub fn top_k_top_p_renorm_probs<T: TruncElem>(
         &self,
         stream: &Arc<CudaStream>,
-        logits: &CudaView<'_, f32>,
+        logits: &CudaView<'_, T>,
         rows: Rows,
         params: &TruncParams,
         probs: &mut CudaViewMut<'_, f32>,
@@ -681,15 +833,16 @@ impl Device {
         if probs.len() < out_len {
             return Err(shape("probs", format!("at least {out_len}"), probs.len()));
         }
-        let lay = fit_workspace(stream, &rows, ws)?;
-        let vocab = rows.vocab as u32;
-        let stride = rows.row_stride as u64;
+        let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let probs_stride = rows.vocab as u64;
-        let batch = rows.batch as u32;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (l, _g1) = logits.device_ptr(stream);
+        let (user, _g1) = logits.device_ptr(stream);
         let (kp, _g2) = kept.device_ptr_mut(stream);
         let (pr, _g3) = probs.device_ptr_mut(stream);
+        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
+        let vocab = rows.vocab as u32;
+        let stride = rows.row_stride as u64;
+        let batch = rows.batch as u32;
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         // SAFETY: `logits` holds `rows.min_len()` elements (validated),
         // `kept` at least `batch` elements (checked), `ws` the layout's
@@ -726,7 +879,7 @@ impl Device {
     /// when the row keeps more; the rest of the row's slots untouched): for
     /// speculative decoding and RL, which need the truncated support. Equal
     /// to [`crate::reference::kept_set`] sorted by index, but for top-p's
-    /// one-element 1e-6 band. The logits are only read. Always the chunked
+    /// one-element 1e-6 band. The logits (f32, bf16 or f16) are only read. Always the chunked
     /// passes (six launches).
     ///
     /// ```no_run
@@ -747,10 +900,10 @@ impl Device {
     /// # Ok(()) }
     /// ```
     #[allow(clippy::too_many_arguments)]
-    pub fn top_k_top_p_kept_set(
+    pub fn top_k_top_p_kept_set<T: TruncElem>(
         &self,
         stream: &Arc<CudaStream>,
-        logits: &CudaView<'_, f32>,
+        logits: &CudaView<'_, T>,
         rows: Rows,
         params: &TruncParams,
         kept: &mut CudaSlice<u32>,
@@ -773,15 +926,16 @@ impl Device {
                 indices.len(),
             ));
         }
-        let lay = fit_workspace(stream, &rows, ws)?;
+        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        let cap = capacity as u32;
+        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
+        let (user, _g1) = logits.device_ptr(stream);
+        let (kp, _g2) = kept.device_ptr_mut(stream);
+        let (ix, _g3) = indices.device_ptr_mut(stream);
+        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
         let vocab = rows.vocab as u32;
         let stride = rows.row_stride as u64;
         let batch = rows.batch as u32;
-        let cap = capacity as u32;
-        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (l, _g1) = logits.device_ptr(stream);
-        let (kp, _g2) = kept.device_ptr_mut(stream);
-        let (ix, _g3) = indices.device_ptr_mut(stream);
         launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
         // SAFETY: as in `top_k_top_p_renorm_probs`.
         unsafe { launch_selection(self, stream, l, kp, &rows, false, w) }?;

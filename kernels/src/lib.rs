@@ -23,6 +23,7 @@
 
 #[cfg(target_arch = "nvptx64")]
 mod block;
+pub mod float16;
 pub mod mma_layout;
 pub mod noise;
 pub mod params;
@@ -34,6 +35,8 @@ pub mod sample;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod arch;
+#[cfg(target_arch = "nvptx64")]
+mod convert;
 #[cfg(target_arch = "nvptx64")]
 mod fused_lm_head;
 #[cfg(target_arch = "nvptx64")]
@@ -75,6 +78,10 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_renorm_f32",
     "topk_topp_kept_count_f32",
     "topk_topp_kept_write_f32",
+    "widen_rows_bf16",
+    "widen_rows_f16",
+    "narrow_rows_bf16",
+    "narrow_rows_f16",
     "topk_topp_sample_f32",
     "topk_topp_cluster_mask_f32",
     "topk_topp_cluster_sample_f32",

@@ -309,6 +309,13 @@ pub const fn fused_staging_offset(block_b: u32) -> u32 {
 /// block to the next.
 pub const FUSED_FILTER_BYTES: u32 = 4 * 512;
 
+/// Threads of a block of the 16-bit <-> f32 row copies (`widen_rows_*`,
+/// `narrow_rows_*`).
+pub const CONVERT_THREADS: u32 = 256;
+/// Elements each thread of a row copy converts: a block covers
+/// `CONVERT_THREADS * CONVERT_PER_THREAD` elements of a row.
+pub const CONVERT_PER_THREAD: u32 = 4;
+
 /// Elements of a row one block of the chunked `topk_topp_*` passes
 /// (statistics, pre-filter, masking) covers: eight 16-byte loads per thread
 /// of [`ROW_THREADS`]. A row of V elements has `ceil(V / 8192)` chunks,

@@ -25,15 +25,11 @@
 
 use crate::arch;
 use crate::block;
+use crate::float16::bf16_to_f32;
 use crate::noise;
 use crate::params::{ROW_THREADS, RowSplit, SAMPLING_ROUND_VECTORS};
 use crate::race::Race;
 use crate::sample;
-
-#[inline(always)]
-fn bf16_to_f32(h: u32) -> f32 {
-    f32::from_bits(h << 16)
-}
 
 /// Loads of one element type: 16-byte vectors of `LANES` elements.
 trait Elem {
@@ -90,16 +86,16 @@ impl Elem for Bf16 {
     #[inline(always)]
     fn visit_vec(v: [u32; 4], j: u32, race: &mut Race) {
         let lo = [
-            bf16_to_f32(v[0] & 0xffff),
-            bf16_to_f32(v[0] >> 16),
-            bf16_to_f32(v[1] & 0xffff),
-            bf16_to_f32(v[1] >> 16),
+            bf16_to_f32(v[0] as u16),
+            bf16_to_f32((v[0] >> 16) as u16),
+            bf16_to_f32(v[1] as u16),
+            bf16_to_f32((v[1] >> 16) as u16),
         ];
         let hi = [
-            bf16_to_f32(v[2] & 0xffff),
-            bf16_to_f32(v[2] >> 16),
-            bf16_to_f32(v[3] & 0xffff),
-            bf16_to_f32(v[3] >> 16),
+            bf16_to_f32(v[2] as u16),
+            bf16_to_f32((v[2] >> 16) as u16),
+            bf16_to_f32(v[3] as u16),
+            bf16_to_f32((v[3] >> 16) as u16),
         ];
         race.visit4(lo, j);
         race.visit4(hi, j + 4);
@@ -108,7 +104,7 @@ impl Elem for Bf16 {
     fn max_token(v: [u32; 4], j: u32) -> (f32, u32) {
         let mut best = (f32::NEG_INFINITY, j);
         for (i, &w) in v.iter().enumerate() {
-            for (h, x) in [bf16_to_f32(w & 0xffff), bf16_to_f32(w >> 16)]
+            for (h, x) in [bf16_to_f32(w as u16), bf16_to_f32((w >> 16) as u16)]
                 .into_iter()
                 .enumerate()
             {
@@ -122,9 +118,7 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load1(p: *const u8) -> f32 {
         // SAFETY: caller's contract.
-        bf16_to_f32(u32::from(unsafe {
-            arch::ld_global_nc_u16(p as *const u16)
-        }))
+        bf16_to_f32(unsafe { arch::ld_global_nc_u16(p as *const u16) })
     }
 }
 
