@@ -265,14 +265,14 @@ pub fn tile(row: &[f32], vocab: usize) -> impl Iterator<Item = f32> + '_ {
 /// `count` rows of width `vocab` on the device: the rows of `distinct`
 /// (any number of them, each `vocab` wide) repeated in order until `count`
 /// rows are filled, copied on the device so the host holds only one set.
-pub fn repeat_rows(
+pub fn repeat_rows<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
-    distinct: &[f32],
+    distinct: &[T],
     vocab: usize,
     count: usize,
-) -> Result<CudaSlice<f32>> {
+) -> Result<CudaSlice<T>> {
     let once = stream.clone_htod(distinct)?;
-    let mut rows: CudaSlice<f32> = stream.alloc_zeros(count * vocab)?;
+    let mut rows: CudaSlice<T> = stream.alloc_zeros(count * vocab)?;
     let total = count * vocab;
     let mut at = 0;
     while at < total {

@@ -46,7 +46,13 @@
 //! per (k, p) on the 64 distinct real rows untiled (V = 49152; the GPU
 //! kept counts from one untimed mask of them as a batch).
 //!
-//! Prints both markdown tables and writes them to `FLASHSAMPLE_BENCH_OUT`
+//! Third table: the other truncation calls at V = 128256 on the Gaussian
+//! rows (B in {1, 8, 128, 1024}, both truncations): the renormalised
+//! probabilities and the kept set of f32 logits, and sampling and the
+//! renormalised probabilities of the rows rounded to bf16 (widened into
+//! the workspace first), against their floors.
+//!
+//! Prints the markdown tables and writes them to `FLASHSAMPLE_BENCH_OUT`
 //! when set. Without a GPU it says it skips and exits 0.
 
 #[path = "../tests/common/mod.rs"]
@@ -192,6 +198,104 @@ fn pivot_params(top_k: u32, top_p: f32) -> pivot::RowParams {
     }
 }
 
+/// The vocabulary of the other calls' table.
+const OTHER_CALLS_VOCAB: usize = 128_256;
+
+/// Times the truncation calls besides f32 masking and sampling on the
+/// Gaussian input of `OTHER_CALLS_VOCAB` (`host` rows, their `tiled`
+/// device copy) at a few batches and both truncations: the renormalised
+/// probabilities and the kept set of f32 logits, and sampling and the
+/// renormalised probabilities of the same rows rounded to bf16 (read-only
+/// calls, each on the case's rows with L2 flushed first). Appends a line a
+/// (call, case) to `table`.
+fn other_calls(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    ws: &mut Workspace,
+    pristine: &mut Pristine,
+    (host, tiled): (&[Vec<f32>], &CudaSlice<f32>),
+    read_bw: f64,
+    table: &mut String,
+) -> Result<()> {
+    let vocab = OTHER_CALLS_VOCAB;
+    let distinct: Vec<half::bf16> = host
+        .iter()
+        .flatten()
+        .map(|&x| half::bf16::from_f32(x))
+        .collect();
+    let tiled_bf16 = harness::repeat_rows(stream, &distinct, vocab, MAX_BATCH)?;
+    let mut probs: CudaSlice<f32> = stream.alloc_zeros(MAX_BATCH * vocab)?;
+    let mut kept: CudaSlice<u32> = stream.alloc_zeros(MAX_BATCH)?;
+    let mut indices: CudaSlice<u32> = stream.alloc_zeros(MAX_BATCH * 1024)?;
+    let mut out = SampleOutput::new(stream, MAX_BATCH)?;
+    for (top_k, top_p) in TRUNCATIONS {
+        let params = trunc_params(stream, top_k, top_p)?;
+        for batch in [1, 8, 128, 1024] {
+            let case = format!("B={batch} V={vocab} k={top_k} p={top_p} gaussian");
+            if !harness::selected(&case) {
+                continue;
+            }
+            let shape = Rows::contiguous(batch, vocab);
+            let src = tiled.slice(..batch * vocab);
+            let half_src = tiled_bf16.slice(..batch * vocab);
+            let floor = (batch * vocab * 4) as f64 / read_bw * 1e6;
+            let mut line = |call: &str, floor: f64, t: f64| {
+                writeln!(
+                    table,
+                    "| {call} | {case} | {floor:.1} | {t:.1} | {:.2} |",
+                    t / floor
+                )
+                .ok();
+                println!("{call} {case}: {t:.1} us (floor {floor:.1})");
+            };
+            let t = pristine.time(dev, stream, ws, &src, |logits, ws| {
+                dev.top_k_top_p_renorm_probs(
+                    stream,
+                    &logits.as_view(),
+                    shape,
+                    &params,
+                    &mut probs.as_view_mut(),
+                    &mut kept,
+                    ws,
+                )
+            })?;
+            line("top_k_top_p_renorm_probs f32", 2.0 * floor, t);
+            let t = pristine.time(dev, stream, ws, &src, |logits, ws| {
+                dev.top_k_top_p_kept_set(
+                    stream,
+                    &logits.as_view(),
+                    shape,
+                    &params,
+                    &mut kept,
+                    &mut indices.as_view_mut(),
+                    1024,
+                    ws,
+                )
+            })?;
+            line("top_k_top_p_kept_set f32", floor, t);
+            // The 16-bit calls read `half_src` (the pristine copies go
+            // unused); reads only, so every call sees the same rows.
+            let t = pristine.time(dev, stream, ws, &src, |_, ws| {
+                dev.sample_top_k_top_p(stream, &half_src, shape, &params, &mut out, ws)
+            })?;
+            line("sample_top_k_top_p bf16", floor / 2.0, t);
+            let t = pristine.time(dev, stream, ws, &src, |_, ws| {
+                dev.top_k_top_p_renorm_probs(
+                    stream,
+                    &half_src,
+                    shape,
+                    &params,
+                    &mut probs.as_view_mut(),
+                    &mut kept,
+                    ws,
+                )
+            })?;
+            line("top_k_top_p_renorm_probs bf16", 1.5 * floor, t);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let Some(harness::Setup {
         dev,
@@ -221,6 +325,8 @@ fn main() -> Result<()> {
     );
     let mut rng = StdRng::seed_from_u64(11);
     let mut failures = 0;
+    let mut others =
+        String::from("| call | case | floor us | kernel us | ratio |\n|---|---|---|---|---|\n");
     let real = harness::real_rows(DISTINCT_ROWS);
     if real.is_empty() {
         table.insert_str(0, "no logits corpus: no real-distribution lines\n\n");
@@ -369,9 +475,21 @@ fn main() -> Result<()> {
                 .ok();
             }
         }
+        if vocab == OTHER_CALLS_VOCAB {
+            let (_, rows, tiled) = &inputs[0];
+            other_calls(
+                &dev,
+                &stream,
+                &mut ws,
+                &mut pristine,
+                (rows, tiled),
+                read_bw,
+                &mut others,
+            )?;
+        }
     }
     harness::report(&format!(
-        "{table}\nSelection statistics (portable driver, first {STAT_ROWS} rows of each input; the untiled real line: all {} distinct real rows):\n\n{stats}",
+        "{table}\nSelection statistics (portable driver, first {STAT_ROWS} rows of each input; the untiled real line: all {} distinct real rows):\n\n{stats}\nThe other truncation calls, V = {OTHER_CALLS_VOCAB}, Gaussian rows, p = 0.9 (floors at this run's read bandwidth: renormalised probabilities read and write 4 bytes a logit, the kept set and 16-bit sampling read 4 and 2):\n\n{others}",
         real.len()
     ))?;
     if failures > 0 {
