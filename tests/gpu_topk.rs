@@ -716,6 +716,50 @@ fn topk_renorm_probs_and_kept_sets_match_float64_reference() {
     report.assert_none("top-k/top-p renormalised probabilities and kept sets");
 }
 
+/// The host-memory entry points of `Backend` on the GPU (renormalised
+/// probabilities, kept sets, samples) against the float64 reference, as
+/// the device calls are held to it.
+#[test]
+fn topk_backend_calls_on_the_gpu_match_float64_reference() {
+    const TEST: &str = "topk_backend_calls_on_the_gpu_match_float64_reference";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut report = Mismatches::default();
+    let workspace = Workspace::new(&stream).unwrap();
+    let mut gpu = flashsample::Backend::Gpu {
+        device: dev,
+        stream,
+        workspace,
+    };
+    for (vocab, batch) in [(111, 300), (4099, 100), (32_000, 20)] {
+        let b = Batch::random(&mut rng, batch, vocab);
+        let probs = gpu
+            .top_k_top_p_renorm_probs(&b.logits, vocab, &b.params)
+            .unwrap();
+        let sets = gpu
+            .top_k_top_p_kept_sets(&b.logits, vocab, &b.params)
+            .unwrap();
+        let tokens = gpu.sample_top_k_top_p(&b.logits, vocab, &b.params).unwrap();
+        let results = par_rows(batch, |r| {
+            let n = sets[r].len();
+            let mut indices = sets[r].clone();
+            indices.resize(vocab, u32::MAX);
+            check_renorm_kept_row(
+                b.row(r),
+                &b.params[r],
+                &probs[r * vocab..(r + 1) * vocab],
+                (n as u32, n as u32),
+                &indices,
+            )?;
+            check_sampled_row(b.row(r), &b.params[r], tokens[r])
+        });
+        report_rows(&b, results, &mut report);
+    }
+    report.assert_none("Backend calls on the GPU");
+}
+
 /// The 16-bit logit types, as the `half` crate converts them.
 trait HalfValue: flashsample::TruncElem + cudarc::driver::ValidAsZeroBits {
     fn from_f32(x: f32) -> Self;

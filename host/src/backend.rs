@@ -146,18 +146,7 @@ impl Backend {
                 workspace,
             } => {
                 let (rows, d_logits, mut out) = upload_rows(stream, logits, vocab, params.len())?;
-                let column = |f: fn(&reference::SamplingParams) -> f32| -> Vec<f32> {
-                    params.iter().map(f).collect()
-                };
-                let trunc = TruncParams::upload(
-                    stream,
-                    &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
-                    &column(|p| p.top_p),
-                    &column(|p| p.min_p),
-                    &column(|p| p.temperature),
-                    &params.iter().map(|p| p.seed).collect::<Vec<_>>(),
-                    &params.iter().map(|p| p.offset).collect::<Vec<_>>(),
-                )?;
+                let trunc = upload_trunc(stream, params)?;
                 device.sample_top_k_top_p(
                     stream,
                     &d_logits.as_view(),
@@ -170,6 +159,134 @@ impl Backend {
             }
         }
     }
+}
+
+impl Backend {
+    /// Probabilities renormalised over each row's kept set (temperature,
+    /// min-p, top-k, top-p, as [`Backend::sample_top_k_top_p`]; 0 outside
+    /// it, all 0 for a row with nothing to sample) of contiguous `[batch,
+    /// vocab]` f32 logits in host memory, row-major:
+    /// [`reference::probabilities`] on the CPU (rounded to f32),
+    /// [`Device::top_k_top_p_renorm_probs`] on the GPU.
+    ///
+    /// ```
+    /// use flashsample::reference::SamplingParams;
+    ///
+    /// let mut cpu = flashsample::Backend::Cpu;
+    /// let p = SamplingParams { top_k: 2, ..SamplingParams::default() };
+    /// let probs = cpu.top_k_top_p_renorm_probs(&[0.0f32, 1.0, 1.0], 3, &[p])?;
+    /// assert_eq!(probs, vec![0.0, 0.5, 0.5]);
+    /// # Ok::<(), flashsample::Error>(())
+    /// ```
+    pub fn top_k_top_p_renorm_probs(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[reference::SamplingParams],
+    ) -> Result<Vec<f32>> {
+        match self {
+            Backend::Cpu => Ok(reference::probabilities_batch(logits, vocab, params)?
+                .into_iter()
+                .map(|p| p as f32)
+                .collect()),
+            Backend::Gpu {
+                device,
+                stream,
+                workspace,
+            } => {
+                let (rows, d_logits, _) = upload_rows(stream, logits, vocab, params.len())?;
+                let trunc = upload_trunc(stream, params)?;
+                let mut probs = stream.alloc_zeros::<f32>(logits.len())?;
+                let mut kept = stream.alloc_zeros::<u32>(params.len())?;
+                device.top_k_top_p_renorm_probs(
+                    stream,
+                    &d_logits.as_view(),
+                    rows,
+                    &trunc,
+                    &mut probs.as_view_mut(),
+                    &mut kept,
+                    workspace,
+                )?;
+                Ok(stream.clone_dtoh(&probs)?)
+            }
+        }
+    }
+
+    /// Each row's kept set (as [`Backend::top_k_top_p_renorm_probs`] keeps
+    /// it) as ascending token indices, for contiguous `[batch, vocab]` f32
+    /// logits in host memory: [`reference::kept_sets`] on the CPU,
+    /// [`Device::top_k_top_p_kept_set`] on the GPU.
+    ///
+    /// ```
+    /// use flashsample::reference::SamplingParams;
+    ///
+    /// let mut cpu = flashsample::Backend::Cpu;
+    /// let p = SamplingParams { top_k: 2, ..SamplingParams::default() };
+    /// let sets = cpu.top_k_top_p_kept_sets(&[3.0f32, 1.0, 2.0, 0.0], 4, &[p])?;
+    /// assert_eq!(sets, vec![vec![0, 2]]);
+    /// # Ok::<(), flashsample::Error>(())
+    /// ```
+    pub fn top_k_top_p_kept_sets(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[reference::SamplingParams],
+    ) -> Result<Vec<Vec<u32>>> {
+        match self {
+            Backend::Cpu => {
+                let mut sets = reference::kept_sets(logits, vocab, params)?;
+                for s in &mut sets {
+                    s.sort_unstable();
+                }
+                Ok(sets)
+            }
+            Backend::Gpu {
+                device,
+                stream,
+                workspace,
+            } => {
+                let (rows, d_logits, _) = upload_rows(stream, logits, vocab, params.len())?;
+                let trunc = upload_trunc(stream, params)?;
+                let mut kept = stream.alloc_zeros::<u32>(params.len())?;
+                let mut indices = stream.alloc_zeros::<u32>(logits.len())?;
+                device.top_k_top_p_kept_set(
+                    stream,
+                    &d_logits.as_view(),
+                    rows,
+                    &trunc,
+                    &mut kept,
+                    &mut indices.as_view_mut(),
+                    vocab,
+                    workspace,
+                )?;
+                let kept = stream.clone_dtoh(&kept)?;
+                let indices = stream.clone_dtoh(&indices)?;
+                Ok(kept
+                    .iter()
+                    .zip(indices.chunks(vocab))
+                    .map(|(&n, row)| row[..(n as usize).min(vocab)].to_vec())
+                    .collect())
+            }
+        }
+    }
+}
+
+/// The per-row truncation parameters of `params`, uploaded.
+fn upload_trunc(
+    stream: &Arc<CudaStream>,
+    params: &[reference::SamplingParams],
+) -> Result<TruncParams> {
+    let column =
+        |f: fn(&reference::SamplingParams) -> f32| -> Vec<f32> { params.iter().map(f).collect() };
+    TruncParams::upload(
+        stream,
+        &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
+        &column(|p| p.top_p),
+        &column(|p| p.min_p),
+        &column(|p| p.temperature),
+        &params.iter().map(|p| p.seed).collect::<Vec<_>>(),
+        &params.iter().map(|p| p.offset).collect::<Vec<_>>(),
+    )
 }
 
 /// Checks that host `logits` are exactly `batch` rows of `vocab`, uploads
