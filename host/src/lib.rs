@@ -24,7 +24,7 @@ mod unfused;
 pub mod reference;
 
 /// The element types the kernels read. The public element traits
-/// ([`LogitElem`], [`HeadElem`]) extend [`sealed::Sealed`], so no other
+/// ([`LogitElem`], [`HeadElem`], [`TruncElem`]) extend [`sealed::Sealed`], so no other
 /// type can claim one of them and be read as something it is not.
 mod sealed {
     pub trait Sealed {}

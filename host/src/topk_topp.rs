@@ -207,8 +207,8 @@ pub enum Half {
 /// Element types of the logits the truncation calls take: f32 (read in
 /// place, the fast path), bf16 and f16 (widened exactly into an f32 copy in
 /// the workspace, about 4 more bytes a logit there; masking writes its
-/// result back narrowed, exactly).
-pub trait TruncElem: DeviceRepr + Copy + 'static {
+/// result back narrowed, exactly). Sealed: the kernels read exactly these.
+pub trait TruncElem: crate::sealed::Sealed + DeviceRepr + Copy + 'static {
     /// `None` for f32, else the 16-bit format.
     const HALF: Option<Half>;
 }
