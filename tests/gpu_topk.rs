@@ -166,6 +166,40 @@ impl Batch {
         }
     }
 
+    /// Student-t rows (two degrees of freedom) under top-k 1000 or 2000:
+    /// the Gaussian pre-filter's first tier misses on many of them (too
+    /// few above its threshold, or more than the lists hold), so the
+    /// selection refines the threshold from a histogram of the row's keys
+    /// before it lists the candidates.
+    fn heavy(rng: &mut StdRng, batch: usize, vocab: usize) -> Batch {
+        const TRUNC: [(u32, f32, f32); 4] = [
+            (1000, 0.9, 0.0),
+            (1000, 1.0, 0.0),
+            (2000, 0.99, 0.05),
+            (2000, 1.0, 0.0),
+        ];
+        let mut logits = Vec::with_capacity(batch * vocab);
+        for _ in 0..batch {
+            common::push_row(rng, Dist::HeavyTail, vocab, &mut logits);
+        }
+        let params = cycled_params(rng, batch, &TRUNC);
+        Batch {
+            rows: Rows::contiguous(batch, vocab),
+            logits,
+            params,
+            what: vec!["heavy tail, k >= 1000"; batch],
+        }
+    }
+
+    /// This batch's rows followed by `other`'s.
+    fn then(mut self, other: Batch) -> Batch {
+        self.logits.extend_from_slice(&other.logits);
+        self.params.extend_from_slice(&other.params);
+        self.what.extend_from_slice(&other.what);
+        self.rows = Rows::contiguous(self.params.len(), self.rows.vocab);
+        self
+    }
+
     fn row(&self, r: usize) -> &[f32] {
         &self.logits[r * self.rows.vocab..(r + 1) * self.rows.vocab]
     }
@@ -512,14 +546,17 @@ fn topk_rows_whose_candidates_overflow_the_lists_match_float64_reference() {
     let mut ws = Workspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     for vocab in [151_936, 262_144] {
-        let mut b = Batch::crowded(&mut rng, 8, vocab);
-        let fits = Batch::random(&mut rng, 8, vocab);
-        b.logits.extend_from_slice(&fits.logits);
-        b.params.extend_from_slice(&fits.params);
-        b.what.extend_from_slice(&fits.what);
-        b.rows = Rows::contiguous(16, vocab);
+        let b = Batch::crowded(&mut rng, 8, vocab).then(Batch::random(&mut rng, 8, vocab));
         check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
         check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    // Heavy tails: the refined threshold (or the row, when its lists
+    // overflow too).
+    for vocab in [32_000, 128_256] {
+        let b = Batch::heavy(&mut rng, 16, vocab);
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_renorm_kept_batch(&dev, &stream, &b, &mut ws, &mut report);
     }
     report.assert_none("top-k/top-p rows that overflow the lists");
 }
@@ -703,13 +740,7 @@ fn topk_renorm_probs_and_kept_sets_match_float64_reference() {
     for (vocab, batch) in [(111, 1000), (4099, 500), (32_000, 200), (151_936, 40)] {
         batches.push(Batch::random(&mut rng, batch, vocab));
     }
-    let mut crowded = Batch::crowded(&mut rng, 8, 151_936);
-    let fits = Batch::random(&mut rng, 8, 151_936);
-    crowded.logits.extend_from_slice(&fits.logits);
-    crowded.params.extend_from_slice(&fits.params);
-    crowded.what.extend_from_slice(&fits.what);
-    crowded.rows = Rows::contiguous(16, 151_936);
-    batches.push(crowded);
+    batches.push(Batch::crowded(&mut rng, 8, 151_936).then(Batch::random(&mut rng, 8, 151_936)));
     for b in &batches {
         check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
     }
@@ -942,12 +973,9 @@ fn topk_cluster_route_matches_the_chunked_passes() {
     let mut report = Mismatches::default();
     let caps = dev.topk_topp_caps();
     for vocab in [32_000, 151_936, 262_144] {
-        let mut b = Batch::crowded(&mut rng, 4, vocab);
-        let fits = Batch::random(&mut rng, 28, vocab);
-        b.logits.extend_from_slice(&fits.logits);
-        b.params.extend_from_slice(&fits.params);
-        b.what.extend_from_slice(&fits.what);
-        b.rows = Rows::contiguous(32, vocab);
+        let b = Batch::crowded(&mut rng, 4, vocab)
+            .then(Batch::heavy(&mut rng, 4, vocab))
+            .then(Batch::random(&mut rng, 24, vocab));
         let params = b.upload(&stream);
         ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
         let want_mask = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
@@ -1048,6 +1076,9 @@ fn sanitize_topk_paths() {
         .collect();
     // Candidates that overflow a chunk's list: the selection reads the row.
     batches.push(Batch::crowded(&mut rng, 4, 20_001));
+    // Heavy tails: the threshold refined from a histogram (over a
+    // cluster's blocks on the cluster route).
+    batches.push(Batch::heavy(&mut rng, 4, 20_001));
     // Every batch on the chunked passes, on a cluster of one and on the
     // largest cluster its row has blocks for (a block per chunk;
     // where the GPU runs it).

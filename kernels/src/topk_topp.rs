@@ -1028,6 +1028,256 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
     }
 }
 
+/// The least key of the candidates the selection works on and their
+/// group: the first tier when it holds enough (k elements for top-k, else
+/// more than the top-p mass), else the second, else all of min-p's
+/// survivors (floor 0).
+#[inline(always)]
+fn floor_of(plan: &Plan, tiers: &Tiers) -> (u32, Group) {
+    let all = tiers.all;
+    let target_p = f64::from(plan.top_p) * all.mass;
+    let enough = |g: Group| {
+        g.n == all.n
+            || if plan.topk {
+                g.n >= plan.k
+            } else {
+                plan.topp && g.mass >= target_p * (1.0 + 1.0e-9)
+            }
+    };
+    if enough(tiers.s1) {
+        (plan.t1, tiers.s1)
+    } else if enough(tiers.s2) {
+        (plan.t2, tiers.s2)
+    } else {
+        (0, tiers.all)
+    }
+}
+
+/// The row's list counts: this thread's chunk's offset among the listed
+/// candidates (0 past the chunks), their total, and whether every chunk
+/// listed all it found and they fit in shared memory.
+#[derive(Clone, Copy)]
+struct ListCounts {
+    off: u32,
+    total: u32,
+    fit: bool,
+}
+
+/// The row's [`ListCounts`], to every thread.
+///
+/// # Safety
+/// As [`block_reduce`]; the filter pass has completed.
+#[inline(always)]
+unsafe fn list_counts(slots: Slots, smem: *mut u8) -> ListCounts {
+    let chunks = slots.lay.chunks;
+    let listable = chunks <= TOPK_TOPP_MAX_LISTED_CHUNKS;
+    let tid = arch::thread_idx_x();
+    // SAFETY: caller's contract; chunk `tid` is a slot of the row.
+    unsafe {
+        let count = if listable && tid < chunks {
+            *slots.count(tid)
+        } else {
+            0
+        };
+        let most = block::block_max_u64(u64::from(count), smem as *mut u64);
+        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
+        ListCounts {
+            off,
+            total,
+            fit: listable && most <= u64::from(slots.lay.cap) && total <= TOPK_TOPP_LIST_CAP,
+        }
+    }
+}
+
+/// Bins of [`refine`]'s histogram: eight a thread.
+const REFINE_BINS: u32 = 8 * ROW_THREADS;
+/// Where the histogram lies in the selection kernels' shared memory (after
+/// the reduction slots), followed by two words: the chosen bin and the
+/// candidates from it up.
+const REFINE_HIST: usize = REDUCE_BYTES;
+
+const _: () =
+    assert!(REFINE_HIST + (REFINE_BINS as usize + 2) * 4 <= TOPK_TOPP_SMEM_BYTES as usize);
+
+/// A barrier over the `size` blocks that share a row: the cluster's when
+/// there are several, else the block's.
+#[inline(always)]
+fn row_sync(size: u32) {
+    if size > 1 {
+        row_cluster_sync();
+    } else {
+        arch::bar_sync();
+    }
+}
+
+/// Bins `8 g .. 8 g + 8` of the histograms at shared address `base` (the
+/// block's own at `hist`), summed over the `size` blocks of the row's
+/// cluster in rank order.
+///
+/// # Safety
+/// The histograms are complete and visible (a [`row_sync`] since), and
+/// every block of the cluster is running.
+#[inline(always)]
+unsafe fn row_bins(hist: *const u32, base: u32, g: u32, size: u32) -> [u32; 8] {
+    let mut h = [0u32; 8];
+    #[cfg(target_feature = "sm_90")]
+    if size > 1 {
+        for q in 0..size {
+            let a = arch::mapa_shared_cluster(base + 32 * g, q);
+            // SAFETY: caller's contract; 32-byte aligned bins of block q.
+            let (lo, hi) = unsafe {
+                (
+                    arch::ld_shared_cluster_v4_u32(a),
+                    arch::ld_shared_cluster_v4_u32(a + 16),
+                )
+            };
+            for j in 0..4 {
+                h[j] += lo[j];
+                h[4 + j] += hi[j];
+            }
+        }
+        return h;
+    }
+    let _ = (base, size);
+    for (j, b) in h.iter_mut().enumerate() {
+        // SAFETY: caller's contract; bin 8 g + j < REFINE_BINS.
+        *b = unsafe { *hist.add(8 * g as usize + j) };
+    }
+    h
+}
+
+/// Makes a top-k row whose candidates would not come from the lists (the
+/// pre-filter's tiers missed: too few above the first threshold, or too
+/// many listed) list them after all: one pass counts the candidates in a
+/// histogram of [`REFINE_BINS`] equal key ranges over their keys, the
+/// highest bin at which at least k are counted from the top becomes the
+/// first tier's threshold, and the pre-filter pass runs again with it
+/// (new tiers, counts and lists; the plan slot rewritten). One pass and a
+/// pre-filter instead of pivot rounds that each read the row. Keys are
+/// monotone in the value's bits, so the bins are about a fifth of an
+/// octave wide wherever the values lie. Nothing changes when the lists
+/// already serve the selection, the row has no top-k, or the new lists
+/// would not fit.
+///
+/// Called by every block of the row (`rank` of `size`: its cluster, or one
+/// block reading every chunk); the counts are integers, so the threshold
+/// and the lists are the same whatever the blocks, and the cluster route
+/// keeps the chunked route's results bit for bit.
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; the filter pass has completed
+/// and is visible to every block of the row; `smem` is the selection
+/// kernels' dynamic shared memory.
+#[inline(always)]
+unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the caller's contract covers every access; control flow
+    // depends only on the row's plan and block-reduced (or row-merged)
+    // values, the same in every block of the row.
+    unsafe {
+        let rp = *slots.plan();
+        let plan = rp.plan;
+        if rp.flags & 1 == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
+            return;
+        }
+        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
+        let tiers = block_reduce(mine, smem as *mut Tiers);
+        let (floor, cand) = floor_of(&plan, &tiers);
+        let counts = list_counts(slots, smem);
+        let chunks = slots.lay.chunks;
+        if (floor >= plan.t1 && counts.fit) || chunks > TOPK_TOPP_MAX_LISTED_CHUNKS || cand.n == 0 {
+            return;
+        }
+
+        // The histogram of the candidates' keys (every key >= lo is one).
+        let (lo, hi) = (cand.min, cand.max);
+        let width = u64::from(hi - lo) + 1;
+        let bins = u64::from(REFINE_BINS);
+        let hist = smem.add(REFINE_HIST) as *mut u32;
+        let base = arch::smem_addr(hist);
+        let mut j = tid;
+        while j < REFINE_BINS + 2 {
+            *hist.add(j as usize) = 0;
+            j += ROW_THREADS;
+        }
+        arch::bar_sync();
+        let lane = tid % 32;
+        let mut c = rank;
+        while c < chunks {
+            Row::chunk(row, c).scan(|ok, key, _, _| {
+                let bin = if ok && key >= lo {
+                    (u64::from(key - lo) * bins / width) as u32
+                } else {
+                    u32::MAX
+                };
+                // A warp whose elements share a bin (a row of equal values)
+                // adds once.
+                let first = arch::shfl_idx_u32(bin, 0);
+                if arch::ballot(bin == first) == u32::MAX {
+                    if lane == 0 && first != u32::MAX {
+                        arch::red_shared_add_u32(base + 4 * first, 32);
+                    }
+                } else if bin != u32::MAX {
+                    arch::red_shared_add_u32(base + 4 * bin, 1);
+                }
+            });
+            c += size;
+        }
+        row_sync(size);
+
+        // Thread t holds bins 8 g .. 8 g + 8 with g = 255 - t, so the
+        // exclusive scan in thread order counts the candidates above them.
+        let g = ROW_THREADS - 1 - tid;
+        let h = row_bins(hist, base, g, size);
+        let sum: u32 = h.iter().sum();
+        let (above, total) = block_exclusive_scan(sum, smem as *mut u32);
+        let chosen = hist.add(REFINE_BINS as usize);
+        if above < plan.k && above + sum >= plan.k {
+            // Unrolled without an exit, so that `h` stays in registers.
+            let (mut run, mut at, mut from) = (above, 0, 0);
+            for j in (0..8).rev() {
+                let before = run;
+                run += h[j];
+                if before < plan.k && run >= plan.k {
+                    (at, from) = (8 * g + j as u32, run);
+                }
+            }
+            *chosen = at;
+            *chosen.add(1) = from;
+        }
+        arch::bar_sync();
+        // Fewer than k candidates in all: every one of them.
+        let (bin, listed) = if total < plan.k {
+            (0, total)
+        } else {
+            (*chosen, *chosen.add(1))
+        };
+        if listed <= TOPK_TOPP_LIST_CAP {
+            // The least key of bin `bin`: ceil(bin * width / bins) above lo.
+            let t1 = lo + (u64::from(bin) * width).div_ceil(bins) as u32;
+            let mut next = rp;
+            next.plan.t1 = t1;
+            next.plan.t2 = plan.t2.min(t1);
+            next.keys[0] = t1.max(rp.keys[2]);
+            next.keys[1] = next.plan.t2.max(rp.keys[2]);
+            if rank == 0 && tid == 0 {
+                let slot = slots.plan();
+                (*slot).plan.t1 = next.plan.t1;
+                (*slot).plan.t2 = next.plan.t2;
+                (*slot).keys = next.keys;
+            }
+            let mut c = rank;
+            while c < chunks {
+                filter_chunk(row, c, next, slots, smem);
+                c += size;
+            }
+        }
+        // Every block has read the others' histograms, and the new lists
+        // are visible to the row's selection.
+        row_sync(size);
+    }
+}
+
 /// The kept prefix of row `row` ([`crate::pivot::select_row`] with the
 /// pre-filter on) from the partials of the statistics and filter passes:
 /// the pivot rounds over the candidate list when every candidate is
@@ -1037,7 +1287,6 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
 /// As [`run_search`]; both chunked passes of this call have completed.
 #[inline(always)]
 unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
-    let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; all control flow
     // below depends only on the row's plan and block-reduced values, so it
     // is uniform.
@@ -1060,51 +1309,22 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
             topp,
             weights: w,
             t1,
-            t2,
             ..
         } = plan;
 
         // The pre-filter's tiers, merged over the chunks.
-        let chunks = slots.lay.chunks;
         let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
         let tiers = block_reduce(mine, smem as *mut Tiers);
-        let (s1, s2, all) = (tiers.s1, tiers.s2, tiers.all);
-        let total_mass = all.mass;
-        let target_p = f64::from(top_p) * total_mass;
-        let enough = |g: Group| {
-            g.n == all.n
-                || if topk {
-                    g.n >= k
-                } else {
-                    topp && g.mass >= target_p * (1.0 + 1.0e-9)
-                }
-        };
-        let (floor, cand) = if enough(s1) {
-            (t1, s1)
-        } else if enough(s2) {
-            (t2, s2)
-        } else {
-            (0, all)
-        };
+        let total_mass = tiers.all.mass;
+        let (floor, cand) = floor_of(&plan, &tiers);
         let min_key = row_plan.keys[2];
         let is_cand = move |key: u32, _: f32| key >= floor && key >= min_key;
         // The lists hold every candidate when the floor is the first
         // tier's threshold and no chunk listed fewer than it found (a
         // second-tier or fallback floor reads the row).
-        let listable = chunks <= TOPK_TOPP_MAX_LISTED_CHUNKS;
-        let count = if listable && tid < chunks {
-            *slots.count(tid)
-        } else {
-            0
-        };
-        let most = block::block_max_u64(u64::from(count), smem as *mut u64);
-        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
-        let list = if listable
-            && floor >= t1
-            && most <= u64::from(slots.lay.cap)
-            && total <= TOPK_TOPP_LIST_CAP
-        {
-            Some(load_list(slots, off, total, floor, smem))
+        let counts = list_counts(slots, smem);
+        let list = if floor >= t1 && counts.fit {
+            Some(load_list(slots, counts.off, counts.total, floor, smem))
         } else {
             None
         };
@@ -1702,13 +1922,9 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
-        mask_row(
-            row,
-            Slots::new(ws, batch, vocab, r),
-            kept.add(r as usize),
-            with_mass != 0,
-            smem,
-        );
+        let slots = Slots::new(ws, batch, vocab, r);
+        refine(row, slots, 0, 1, smem);
+        mask_row(row, slots, kept.add(r as usize), with_mass != 0, smem);
     }
 }
 
@@ -2127,10 +2343,12 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let slots = Slots::new(ws, batch, vocab, r);
+        refine(row, slots, 0, 1, smem);
         let r = r as usize;
         sample_row(
             row,
-            Slots::new(ws, batch, vocab, r as u32),
+            slots,
             *seed.add(r),
             *offset.add(r),
             tokens.add(r),
@@ -2378,6 +2596,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
+        refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             mask_row(c.row, c.slots, kept.add(c.r as usize), false, smem);
         }
@@ -2435,6 +2654,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
+        refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             let r = c.r as usize;
             sample_row(
