@@ -183,6 +183,21 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
         modules: Modules::All,
     },
+    // Two selection blocks per SM (shared memory allows three): at most
+    // 128 registers (the sampler had reached 142 while the refinement was
+    // written, one block per SM).
+    LaunchBounds {
+        kernel: "topk_topp_mask_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "topk_topp_sample_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
+        modules: Modules::All,
+    },
     // Two cluster CTAs per SM (their registers; shared memory allows three):
     // a row's cluster of up to 16 spreads over 8 SMs at least.
     LaunchBounds {

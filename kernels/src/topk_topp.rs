@@ -1089,6 +1089,39 @@ unsafe fn list_counts(slots: Slots, smem: *mut u8) -> ListCounts {
     }
 }
 
+/// What the selection reads of the pre-filter pass first (uniform over
+/// the block): the floor and group of [`floor_of`] from the row's tiers
+/// merged over its chunks, the mass of all of min-p's survivors (when the
+/// pass summed it), and the row's list counts.
+#[derive(Clone, Copy)]
+struct RowView {
+    floor: u32,
+    cand: Group,
+    total_mass: f64,
+    counts: ListCounts,
+}
+
+/// The row's [`RowView`] under its plan `plan` (meaningless for a row
+/// without a finite or +inf entry, whose pre-filter pass wrote nothing).
+///
+/// # Safety
+/// As [`block_reduce`]; the filter pass has completed.
+#[inline(always)]
+unsafe fn row_view(plan: &Plan, slots: Slots, smem: *mut u8) -> RowView {
+    // SAFETY: caller's contract.
+    unsafe {
+        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
+        let tiers = block_reduce(mine, smem as *mut Tiers);
+        let (floor, cand) = floor_of(plan, &tiers);
+        RowView {
+            floor,
+            cand,
+            total_mass: tiers.all.mass,
+            counts: list_counts(slots, smem),
+        }
+    }
+}
+
 /// Bins of [`refine`]'s histogram: eight a thread.
 const REFINE_BINS: u32 = 8 * ROW_THREADS;
 /// Where the histogram lies in the selection kernels' shared memory (after
@@ -1169,7 +1202,7 @@ unsafe fn row_bins(hist: *const u32, base: u32, g: u32, size: u32) -> [u32; 8] {
 /// and is visible to every block of the row; `smem` is the selection
 /// kernels' dynamic shared memory.
 #[inline(always)]
-unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
+unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) -> RowView {
     let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on the row's plan and block-reduced (or row-merged)
@@ -1177,16 +1210,17 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
     unsafe {
         let rp = *slots.plan();
         let plan = rp.plan;
+        let view = row_view(&plan, slots, smem);
         if rp.flags & 1 == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
-            return;
+            return view;
         }
-        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
-        let tiers = block_reduce(mine, smem as *mut Tiers);
-        let (floor, cand) = floor_of(&plan, &tiers);
-        let counts = list_counts(slots, smem);
+        let (floor, cand) = (view.floor, view.cand);
         let chunks = slots.lay.chunks;
-        if (floor >= plan.t1 && counts.fit) || chunks > TOPK_TOPP_MAX_LISTED_CHUNKS || cand.n == 0 {
-            return;
+        if (floor >= plan.t1 && view.counts.fit)
+            || chunks > TOPK_TOPP_MAX_LISTED_CHUNKS
+            || cand.n == 0
+        {
+            return view;
         }
 
         // The histogram of the candidates' keys (every key >= lo is one).
@@ -1258,8 +1292,8 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
             let mut next = rp;
             next.plan.t1 = t1;
             next.plan.t2 = plan.t2.min(t1);
-            next.keys[0] = t1.max(rp.keys[2]);
-            next.keys[1] = next.plan.t2.max(rp.keys[2]);
+            let min_key = rp.keys[2];
+            next.keys = [t1.max(min_key), next.plan.t2.max(min_key), min_key];
             if rank == 0 && tid == 0 {
                 let slot = slots.plan();
                 (*slot).plan.t1 = next.plan.t1;
@@ -1271,10 +1305,14 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
                 filter_chunk(row, c, next, slots, smem);
                 c += size;
             }
+            // Every block has read the others' histograms, and the new
+            // plan and lists are visible to the row's selection.
+            row_sync(size);
+            return row_view(&(*slots.plan()).plan, slots, smem);
         }
-        // Every block has read the others' histograms, and the new lists
-        // are visible to the row's selection.
+        // Every block has read the others' histograms.
         row_sync(size);
+        view
     }
 }
 
@@ -1286,7 +1324,7 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) {
 /// # Safety
 /// As [`run_search`]; both chunked passes of this call have completed.
 #[inline(always)]
-unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
+unsafe fn select(row: Row, slots: Slots, view: RowView, smem: *mut u8) -> (Selected, Source) {
     // SAFETY: the caller's contract covers every access; all control flow
     // below depends only on the row's plan and block-reduced values, so it
     // is uniform.
@@ -1312,17 +1350,17 @@ unsafe fn select(row: Row, slots: Slots, smem: *mut u8) -> (Selected, Source) {
             ..
         } = plan;
 
-        // The pre-filter's tiers, merged over the chunks.
-        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
-        let tiers = block_reduce(mine, smem as *mut Tiers);
-        let total_mass = tiers.all.mass;
-        let (floor, cand) = floor_of(&plan, &tiers);
+        let RowView {
+            floor,
+            cand,
+            total_mass,
+            counts,
+        } = view;
         let min_key = row_plan.keys[2];
         let is_cand = move |key: u32, _: f32| key >= floor && key >= min_key;
         // The lists hold every candidate when the floor is the first
         // tier's threshold and no chunk listed fewer than it found (a
         // second-tier or fallback floor reads the row).
-        let counts = list_counts(slots, smem);
         let list = if floor >= t1 && counts.fit {
             Some(load_list(slots, counts.off, counts.total, floor, smem))
         } else {
@@ -1923,8 +1961,8 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        refine(row, slots, 0, 1, smem);
-        mask_row(row, slots, kept.add(r as usize), with_mass != 0, smem);
+        let view = refine(row, slots, 0, 1, smem);
+        mask_row(row, slots, view, kept.add(r as usize), with_mass != 0, smem);
     }
 }
 
@@ -1935,10 +1973,17 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
 /// # Safety
 /// As [`select`]; `kept` is writable.
 #[inline(always)]
-unsafe fn mask_row(row: Row, slots: Slots, kept: *mut u32, with_mass: bool, smem: *mut u8) {
+unsafe fn mask_row(
+    row: Row,
+    slots: Slots,
+    view: RowView,
+    kept: *mut u32,
+    with_mass: bool,
+    smem: *mut u8,
+) {
     // SAFETY: forwarded.
     unsafe {
-        let (sel, src) = select(row, slots, smem);
+        let (sel, src) = select(row, slots, view, smem);
         let (cut, w) = (sel.cut, sel.weights);
         // A sorted list's kept set is its first ranks (and its entries are
         // gone); else count the kept elements.
@@ -2344,11 +2389,12 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        refine(row, slots, 0, 1, smem);
+        let view = refine(row, slots, 0, 1, smem);
         let r = r as usize;
         sample_row(
             row,
             slots,
+            view,
             *seed.add(r),
             *offset.add(r),
             tokens.add(r),
@@ -2367,6 +2413,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
 unsafe fn sample_row(
     row: Row,
     slots: Slots,
+    view: RowView,
     seed: u64,
     offset: u64,
     token_out: *mut u32,
@@ -2377,7 +2424,7 @@ unsafe fn sample_row(
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on block-reduced values (uniform).
     unsafe {
-        let (sel, src) = select(row, slots, smem);
+        let (sel, src) = select(row, slots, view, smem);
         if !sel.valid {
             if tid == 0 {
                 *token_out = 0;
@@ -2596,9 +2643,9 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        refine(c.row, c.slots, c.rank, c.size, smem);
+        let view = refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
-            mask_row(c.row, c.slots, kept.add(c.r as usize), false, smem);
+            mask_row(c.row, c.slots, view, kept.add(c.r as usize), false, smem);
         }
         row_cluster_sync();
         let mut chunk = c.rank;
@@ -2654,12 +2701,13 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        refine(c.row, c.slots, c.rank, c.size, smem);
+        let view = refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             let r = c.r as usize;
             sample_row(
                 c.row,
                 c.slots,
+                view,
                 *seed.add(r),
                 *offset.add(r),
                 tokens.add(r),
