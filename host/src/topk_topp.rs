@@ -16,7 +16,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    LaunchConfig, SyncOnDrop,
 };
 use flashsample_kernels::params::{
     CONVERT_PER_THREAD, CONVERT_THREADS, ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES,
@@ -581,6 +582,80 @@ unsafe fn launch_cluster_route(
     }
 }
 
+/// A call's rows after [`Device::select_rows`]: the f32 rows the kernels
+/// read (`l`, `rows`: the caller's, or their widening in the workspace),
+/// the workspace's layout and address (`w`), the selection launched;
+/// it holds the workspace, logits and kept-count buffers' stream guards
+/// until the caller's last pass is launched.
+struct Selected<'a> {
+    l: u64,
+    rows: Rows,
+    lay: TopkToppLayout,
+    w: u64,
+    _guards: [SyncOnDrop<'a>; 3],
+}
+
+impl Selected<'_> {
+    /// `(vocab, row_stride, batch)` as the kernels take them.
+    fn dims(&self) -> (u32, u64, u32) {
+        (
+            self.rows.vocab as u32,
+            self.rows.row_stride as u64,
+            self.rows.batch as u32,
+        )
+    }
+
+    /// A block per chunk of every row.
+    fn chunk_cfg(&self) -> Result<LaunchConfig> {
+        chunk_per_block(&self.rows, &self.lay)
+    }
+}
+
+impl Device {
+    /// The common start of the calls whose outputs come from the cut
+    /// (renormalised probabilities, kept sets): checks the stream, the
+    /// logits, the parameters and `kept`, grows the workspace, widens
+    /// 16-bit rows, and launches the pre-filter passes and the selection
+    /// (the kept counts into `kept`; with the kept mass when `with_mass`).
+    /// The caller launches its own passes after it on `stream`, while `ws`
+    /// and the logits stay borrowed.
+    #[allow(clippy::too_many_arguments)]
+    fn select_rows<'a, T: TruncElem>(
+        &self,
+        stream: &'a Arc<CudaStream>,
+        logits: &'a CudaView<'_, T>,
+        rows: Rows,
+        params: &TruncParams,
+        kept: &'a mut CudaSlice<u32>,
+        with_mass: bool,
+        ws: &'a mut Workspace,
+    ) -> Result<Selected<'a>> {
+        self.check_stream(stream)?;
+        rows.validate("logits", logits.len())?;
+        params.check(rows.batch)?;
+        check_rows_out("kept", kept.len(), rows.batch)?;
+        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        let (w, g0) = ws.partial_mut().device_ptr_mut(stream);
+        let (user, g1) = logits.device_ptr(stream);
+        let (kp, g2) = kept.device_ptr_mut(stream);
+        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
+        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
+        // SAFETY: the f32 rows at `l` hold `rows.min_len()` elements (the
+        // caller's, validated, or the workspace copy), `kept` at least
+        // `batch` elements (checked), `ws` the layout's words (grown
+        // above), all live cudarc buffers of this stream's context; the
+        // prefilter passes launched just before.
+        unsafe { launch_selection(self, stream, l, kp, &rows, with_mass, w) }?;
+        Ok(Selected {
+            l,
+            rows,
+            lay,
+            w,
+            _guards: [g0, g1, g2],
+        })
+    }
+}
+
 impl Device {
     /// The route a top-k/top-p call of `rows` takes on this GPU (unless a
     /// workspace forces another).
@@ -825,30 +900,15 @@ impl Device {
         kept: &mut CudaSlice<u32>,
         ws: &mut Workspace,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        rows.validate("logits", logits.len())?;
-        params.check(rows.batch)?;
-        check_rows_out("kept", kept.len(), rows.batch)?;
-        let out_len = rows.batch * rows.vocab;
+        let out_len = rows.batch.saturating_mul(rows.vocab);
         if probs.len() < out_len {
             return Err(shape("probs", format!("at least {out_len}"), probs.len()));
         }
-        let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let probs_stride = rows.vocab as u64;
-        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (user, _g1) = logits.device_ptr(stream);
-        let (kp, _g2) = kept.device_ptr_mut(stream);
-        let (pr, _g3) = probs.device_ptr_mut(stream);
-        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
-        let vocab = rows.vocab as u32;
-        let stride = rows.row_stride as u64;
-        let batch = rows.batch as u32;
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        // SAFETY: `logits` holds `rows.min_len()` elements (validated),
-        // `kept` at least `batch` elements (checked), `ws` the layout's
-        // words (grown above), all live cudarc buffers of this stream's
-        // context; the prefilter passes launched just before.
-        unsafe { launch_selection(self, stream, l, kp, &rows, true, w) }?;
+        let (pr, _g) = probs.device_ptr_mut(stream);
+        let selected = self.select_rows(stream, logits, rows, params, kept, true, ws)?;
+        let Selected { l, w, .. } = selected;
+        let (vocab, stride, batch) = selected.dims();
         let mut args = [
             kernel_arg(&l),
             kernel_arg(&pr),
@@ -866,7 +926,7 @@ impl Device {
             self.launch_pass(
                 stream,
                 &self.kernels().topk_topp_renorm_f32,
-                chunk_per_block(&rows, &lay)?,
+                selected.chunk_cfg()?,
                 true,
                 &mut args,
             )
@@ -911,10 +971,6 @@ impl Device {
         capacity: usize,
         ws: &mut Workspace,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        rows.validate("logits", logits.len())?;
-        params.check(rows.batch)?;
-        check_rows_out("kept", kept.len(), rows.batch)?;
         if capacity == 0 || capacity > u32::MAX as usize {
             return Err(param("capacity", capacity));
         }
@@ -926,20 +982,12 @@ impl Device {
                 indices.len(),
             ));
         }
-        let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let cap = capacity as u32;
-        let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
-        let (user, _g1) = logits.device_ptr(stream);
-        let (kp, _g2) = kept.device_ptr_mut(stream);
-        let (ix, _g3) = indices.device_ptr_mut(stream);
-        let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
-        let vocab = rows.vocab as u32;
-        let stride = rows.row_stride as u64;
-        let batch = rows.batch as u32;
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
-        // SAFETY: as in `top_k_top_p_renorm_probs`.
-        unsafe { launch_selection(self, stream, l, kp, &rows, false, w) }?;
-        let cfg = chunk_per_block(&rows, &lay)?;
+        let (ix, _g) = indices.device_ptr_mut(stream);
+        let selected = self.select_rows(stream, logits, rows, params, kept, false, ws)?;
+        let Selected { l, w, .. } = selected;
+        let (vocab, stride, batch) = selected.dims();
+        let cfg = selected.chunk_cfg()?;
         let mut count_args = [
             kernel_arg(&l),
             kernel_arg(&vocab),
