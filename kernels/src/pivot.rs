@@ -1096,6 +1096,77 @@ impl Plan {
     }
 }
 
+/// Count, key range and softmax mass of a set of elements (a pre-filter
+/// tier, the top-k survivors, the kept set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Group {
+    pub n: u32,
+    pub min: u32,
+    pub max: u32,
+    pub mass: f64,
+}
+
+impl Group {
+    pub const EMPTY: Group = Group {
+        n: 0,
+        min: u32::MAX,
+        max: 0,
+        mass: 0.0,
+    };
+
+    /// Adds an element of key `key` and weight `w`.
+    #[inline(always)]
+    pub fn add(&mut self, key: u32, w: f64) {
+        self.n = self.n.wrapping_add(1);
+        if key < self.min {
+            self.min = key;
+        }
+        if key > self.max {
+            self.max = key;
+        }
+        self.mass += w;
+    }
+
+    /// The union of two disjoint sets.
+    #[inline(always)]
+    pub fn join(self, o: Group) -> Group {
+        Group {
+            n: self.n.wrapping_add(o.n),
+            min: if o.min < self.min { o.min } else { self.min },
+            max: if o.max > self.max { o.max } else { self.max },
+            mass: self.mass + o.mass,
+        }
+    }
+}
+
+impl Plan {
+    /// The candidates the selection works on, from the pre-filter's nested
+    /// sets of min-p's survivors `s1` (keys `>= t1`), `s2` (`>= t2`) and
+    /// `all`: the first that suffices (every survivor, or k of them for
+    /// top-k, or more than the top-p threshold's mass for top-p alone),
+    /// its least key (0 for `all`) and the tier it came from. The masses
+    /// are needed only for top-p alone.
+    #[inline(always)]
+    pub fn candidates(&self, s1: Group, s2: Group, all: Group) -> (u32, Group, Prefilter) {
+        let target_p = f64::from(self.top_p) * all.mass;
+        let enough = |g: Group| {
+            g.n == all.n
+                || if self.topk {
+                    g.n >= self.k
+                } else {
+                    self.topp && g.mass >= target_p * (1.0 + 1.0e-9)
+                }
+        };
+        if enough(s1) {
+            (self.t1, s1, Prefilter::Hit)
+        } else if enough(s2) {
+            (self.t2, s2, Prefilter::HitSecondTier)
+        } else {
+            (0, all, Prefilter::Fallback)
+        }
+    }
+}
+
 /// What the pre-filter did on a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefilter {
@@ -1217,6 +1288,7 @@ pub fn select_row(row: &[f32], params: &RowParams) -> Selection {
     if !stats.is_valid() {
         return out;
     }
+    let plan = Plan::new(&stats, shift, n, params);
     let Plan {
         k,
         topk,
@@ -1226,68 +1298,27 @@ pub fn select_row(row: &[f32], params: &RowParams) -> Selection {
         prefiltered: use_pf,
         t1,
         t2,
-    } = Plan::new(&stats, shift, n, params);
+    } = plan;
 
     // Pass 2: min-p's survivors by tier: `>= t1`, `[t2, t1)`, `< t2`.
-    #[derive(Clone, Copy)]
-    struct Group {
-        n: u32,
-        min: u32,
-        max: u32,
-        mass: f64,
-    }
-    impl Group {
-        fn join(self, o: Group) -> Group {
-            Group {
-                n: self.n + o.n,
-                min: self.min.min(o.min),
-                max: self.max.max(o.max),
-                mass: self.mass + o.mass,
-            }
-        }
-    }
-    let empty = Group {
-        n: 0,
-        min: u32::MAX,
-        max: 0,
-        mass: 0.0,
-    };
-    let mut tiers = [empty; 3];
+    let mut tiers = [Group::EMPTY; 3];
     for &x in row {
         if !w.min_p_keeps(x) {
             continue;
         }
         let key = f32_key(x.to_bits());
-        let g = &mut tiers[(key < t1) as usize + (key < t2) as usize];
-        g.n += 1;
-        g.min = g.min.min(key);
-        g.max = g.max.max(key);
-        if topp && !topk {
-            g.mass += f64::from(w.weight(x));
-        }
+        let mass = if topp && !topk {
+            f64::from(w.weight(x))
+        } else {
+            0.0
+        };
+        tiers[(key < t1) as usize + (key < t2) as usize].add(key, mass);
     }
     let [g1, g2, g3] = tiers;
     let (s1, s2) = (g1, g1.join(g2));
     let all = s2.join(g3);
     let total_mass = all.mass;
-    let target_p = f64::from(top_p) * total_mass;
-    // A survivor set suffices when it holds every min-p survivor, or k of
-    // them (top-k), or more than the top-p threshold's mass (top-p alone).
-    let enough = |g: Group| {
-        g.n == all.n
-            || if topk {
-                g.n >= k
-            } else {
-                topp && g.mass >= target_p * (1.0 + 1.0e-9)
-            }
-    };
-    let (floor, cand, tier) = if enough(s1) {
-        (t1, s1, Prefilter::Hit)
-    } else if enough(s2) {
-        (t2, s2, Prefilter::HitSecondTier)
-    } else {
-        (0, all, Prefilter::Fallback)
-    };
+    let (floor, cand, tier) = plan.candidates(s1, s2, all);
     if use_pf {
         out.prefilter = tier;
     }

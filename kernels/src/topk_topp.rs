@@ -80,7 +80,7 @@ use crate::params::{
 };
 use crate::philox;
 use crate::pivot::{
-    Cut, Found, Measure, Pivots, Plan, QuadAcc, QuadSearch, RowParams, RowStats, Weights,
+    Cut, Found, Group, Measure, Pivots, Plan, QuadAcc, QuadSearch, RowParams, RowStats, Weights,
     index_key, top_p_ties,
 };
 use crate::radix::{f32_from_key, f32_key};
@@ -273,47 +273,6 @@ impl<M: ShflMeasure> Reduce for QuadAcc<M> {
                 arch::redux_max_u32(self.max_key[2]),
                 arch::redux_max_u32(self.max_key[3]),
             ],
-        }
-    }
-}
-
-/// Count, key range and softmax mass of a set of elements (a pre-filter
-/// tier, the top-k survivors, the kept set).
-#[derive(Clone, Copy)]
-struct Group {
-    n: u32,
-    min: u32,
-    max: u32,
-    mass: f64,
-}
-
-impl Group {
-    const EMPTY: Group = Group {
-        n: 0,
-        min: u32::MAX,
-        max: 0,
-        mass: 0.0,
-    };
-
-    #[inline(always)]
-    fn add(&mut self, key: u32, w: f64) {
-        self.n = self.n.wrapping_add(1);
-        if key < self.min {
-            self.min = key;
-        }
-        if key > self.max {
-            self.max = key;
-        }
-        self.mass += w;
-    }
-
-    #[inline(always)]
-    fn join(self, o: Group) -> Group {
-        Group {
-            n: self.n.wrapping_add(o.n),
-            min: if o.min < self.min { o.min } else { self.min },
-            max: if o.max > self.max { o.max } else { self.max },
-            mass: self.mass + o.mass,
         }
     }
 }
@@ -1028,31 +987,6 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
     }
 }
 
-/// The least key of the candidates the selection works on and their
-/// group: the first tier when it holds enough (k elements for top-k, else
-/// more than the top-p mass), else the second, else all of min-p's
-/// survivors (floor 0).
-#[inline(always)]
-fn floor_of(plan: &Plan, tiers: &Tiers) -> (u32, Group) {
-    let all = tiers.all;
-    let target_p = f64::from(plan.top_p) * all.mass;
-    let enough = |g: Group| {
-        g.n == all.n
-            || if plan.topk {
-                g.n >= plan.k
-            } else {
-                plan.topp && g.mass >= target_p * (1.0 + 1.0e-9)
-            }
-    };
-    if enough(tiers.s1) {
-        (plan.t1, tiers.s1)
-    } else if enough(tiers.s2) {
-        (plan.t2, tiers.s2)
-    } else {
-        (0, tiers.all)
-    }
-}
-
 /// The row's list counts: this thread's chunk's offset among the listed
 /// candidates (0 past the chunks), their total, and whether every chunk
 /// listed all it found and they fit in shared memory.
@@ -1090,7 +1024,7 @@ unsafe fn list_counts(slots: Slots, smem: *mut u8) -> ListCounts {
 }
 
 /// What the selection reads of the pre-filter pass first (uniform over
-/// the block): the floor and group of [`floor_of`] from the row's tiers
+/// the block): the floor and group of [`Plan::candidates`] from the row's tiers
 /// merged over its chunks, the mass of all of min-p's survivors (when the
 /// pass summed it), and the row's list counts.
 #[derive(Clone, Copy)]
@@ -1112,7 +1046,7 @@ unsafe fn row_view(plan: &Plan, slots: Slots, smem: *mut u8) -> RowView {
     unsafe {
         let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
         let tiers = block_reduce(mine, smem as *mut Tiers);
-        let (floor, cand) = floor_of(plan, &tiers);
+        let (floor, cand, _) = plan.candidates(tiers.s1, tiers.s2, tiers.all);
         RowView {
             floor,
             cand,
