@@ -688,7 +688,7 @@ fn tp_nccl_multi_gpu_matches_unsharded() {
     if !flashsample::nccl_present() {
         let _ = writeln!(
             std::io::stderr(),
-            "SKIPPED {TEST}: no NCCL library (libnccl.so.2)"
+            "SKIPPED {TEST}: no NCCL library (cudarc opens libnccl.so; see nccl_present)"
         );
         return;
     }

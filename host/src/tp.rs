@@ -61,7 +61,9 @@ use crate::fused_lm_head::{
 /// Most shards a [`VocabSplit`] may have.
 pub const MAX_SHARDS: usize = 1024;
 
-/// Whether the NCCL library (`libnccl.so.2`) can be loaded on this machine:
+/// Whether the NCCL library can be loaded on this machine (cudarc opens
+/// `libnccl.so`, or `libnccl.so.N` for N in 13, 12, 11, 10, 9 and 1, not
+/// NCCL 2's `libnccl.so.2`: link that as `libnccl.so` on the loader's path):
 /// cudarc panics when a communicator is created without it, so check this
 /// first.
 pub fn nccl_present() -> bool {

@@ -8,7 +8,8 @@
 #   environment.txt  tests.log  sanitizer.log  bench.log  bench.md  summary.txt
 #   torch_ref.json (PyTorch references, when python3 has torch and triton)
 # FLASHSAMPLE_SANITIZE=0 skips the compute-sanitizer step; FLASHSAMPLE_TORCH=0
-# skips the PyTorch references of the bench step.
+# skips the PyTorch references of the bench step; FLASHSAMPLE_TESTS_ONLY runs
+# only the GPU tests whose names contain it (and no other test executable).
 set -uo pipefail
 
 TESTS=(@TESTS@)
@@ -72,16 +73,17 @@ declare -A RESULT
 step_tests() {
     local log="$OUT/tests.log" failed=() t name
     : >"$log"
+    local only="${FLASHSAMPLE_TESTS_ONLY:-}"
     for t in "${TESTS[@]}"; do
         case "$t" in
             gpu | gpu_* | gpu-*)
                 # GPU tests one at a time, each in its own process under the
                 # step timeout: a hung kernel costs one test, not the run.
-                for name in $("bin/$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
+                for name in $("bin/$t" --list $only 2>/dev/null | sed -n 's/: test$//p'); do
                     run_logged "$log" "bin/$t" --exact "$name" || failed+=("$t::$name")
                 done
                 ;;
-            *) run_logged "$log" "bin/$t" || failed+=("$t") ;;
+            *) [ -n "$only" ] || run_logged "$log" "bin/$t" || failed+=("$t") ;;
         esac
     done
     if [ ${#failed[@]} -eq 0 ]; then
