@@ -22,7 +22,8 @@
 //!    statistics and writes the pre-filter's thresholds;
 //! 3. [`topk_topp_filter_f32`] (a block per chunk): writes the chunk's
 //!    pre-filter tiers and its tier-1 survivors (the usual candidates), in
-//!    the block's scan order;
+//!    the block's scan order (each thread marks its survivors in a bit mask
+//!    while it counts the tiers, and reads only them again to list them);
 //! 4. a selection kernel (a block per row) merges the tiers, loads the
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
@@ -504,36 +505,16 @@ impl Row {
         }
     }
 
-    /// Calls `f(key, index)` on this thread's elements in the order of
-    /// [`Row::scan`], one load at a time (for a pass over data in cache).
-    ///
-    /// # Safety
-    /// As [`Row::scan`] (no warp votes in `f` needed: the rounds are not
-    /// uniform).
+    /// The element (offset from `ptr`) of this thread's `p`-th call of `f`
+    /// in [`Row::scan`] over a row of at most `32 * ROW_THREADS` elements
+    /// (one round of eight 16-byte loads, or 32 rounds of one element).
     #[inline(always)]
-    unsafe fn scan_one(&self, mut f: impl FnMut(u32, u32)) {
+    fn scan_slot(&self, p: u32) -> u32 {
         let tid = arch::thread_idx_x();
-        // SAFETY: every load is of an index below n (caller's contract).
-        unsafe {
-            if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
-                let mut v = tid;
-                while v < self.n / 4 {
-                    let q = load4(self.ptr.add(4 * v as usize));
-                    for (e, x) in q.iter().enumerate() {
-                        f(f32_key(x.to_bits()), self.base + 4 * v + e as u32);
-                    }
-                    v += ROW_THREADS;
-                }
-            } else {
-                let mut j = tid;
-                while j < self.n {
-                    f(
-                        f32_key((*self.ptr.add(j as usize)).to_bits()),
-                        self.base + j,
-                    );
-                    j += ROW_THREADS;
-                }
-            }
+        if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
+            4 * ((p / 4) * ROW_THREADS + tid) + p % 4
+        } else {
+            p * ROW_THREADS + tid
         }
     }
 
@@ -1829,38 +1810,42 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
         let chunk = Row::chunk(row, c);
         // Two copies of the scan, so that rows without a top-p-only cut
         // (which needs no masses) skip the weights.
+        // Bit p of `hits`: this thread's p-th element of the scan is a
+        // candidate (a chunk gives a thread at most 32 elements).
         let mut acc = TierScan::EMPTY;
+        let (mut hits, mut p) = (0u32, 0u32);
         if mass_needed {
             chunk.scan(|ok, key, _, x| {
                 let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
                 let wx = if on[2] { f64::from(w.weight(x)) } else { 0.0 };
                 acc.add(on, key, Some(wx));
+                hits |= u32::from(on[0]) << p;
+                p += 1;
             });
         } else {
             chunk.scan(|ok, key, _, _| {
                 let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
                 acc.add(on, key, None);
+                hits |= u32::from(on[0]) << p;
+                p += 1;
             });
         }
-        let list_key = k[0];
         let (mut at, total) = block_exclusive_scan(acc.n[0], smem as *mut u32);
         let tiers = block_reduce(acc.tiers(), smem as *mut Tiers);
         if tid == 0 {
             *slots.tiers(c) = tiers;
             *slots.count(c) = total;
         }
-        // The list, from a second read of the chunk (L1 and L2 hold it),
-        // one load at a time: the stores depend on each other through the
-        // running position, so loads in flight would only hold registers.
+        // The list in scan order: each thread's candidates from its
+        // exclusive prefix on, read once more (L1 and L2 hold the chunk).
         let (list, cap) = (slots.list(c), slots.lay.cap);
-        chunk.scan_one(|key, i| {
-            if key >= list_key {
-                if at < cap {
-                    *list.add(at as usize) = u64::from(key) | (u64::from(i) << 32);
-                }
-                at += 1;
-            }
-        });
+        while hits != 0 && at < cap {
+            let j = chunk.scan_slot(hits.trailing_zeros());
+            hits &= hits - 1;
+            let key = f32_key((*chunk.ptr.add(j as usize)).to_bits());
+            *list.add(at as usize) = u64::from(key) | (u64::from(chunk.base + j) << 32);
+            at += 1;
+        }
     }
 }
 
