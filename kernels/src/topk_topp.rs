@@ -875,88 +875,34 @@ impl Slots {
     }
 }
 
-/// The row's statistics: its chunks' partials, merged in chunk order
+/// The row's statistics: its chunks' partials, merged in a fixed order
 /// (the same in every block that asks).
 ///
 /// # Safety
-/// As [`merged_chunks`]; the statistics pass has completed.
+/// As [`block_reduce`]; the statistics pass has completed.
 #[inline(always)]
-unsafe fn merged_stats(slots: Slots, serial: bool, smem: *mut u8) -> RowStats {
+unsafe fn merged_stats(slots: Slots, smem: *mut u8) -> RowStats {
     // SAFETY: caller's contract.
-    unsafe { merged_chunks(slots, RowStats::EMPTY, |c| *slots.stats(c), serial, smem) }
+    unsafe {
+        block_reduce(
+            merge_chunks(slots, RowStats::EMPTY, |c| *slots.stats(c)),
+            smem as *mut RowStats,
+        )
+    }
 }
 
-/// The row's per-chunk partials `part(c)` merged, to every thread. With
-/// `serial`, in chunk order: as many as the reduction slots hold at a time
-/// are loaded into them, a thread each, and the first thread merges them
-/// in a loop. Else by a block-wide butterfly, which shuffles every field of
-/// the partial at every step: hundreds of straight-line instructions that
-/// a selection block fetches cold on every call (ncu, session 14: the
-/// k = 50 selection kernel executed 1157 distinct instructions, 1093 of
-/// them once a warp, at about 13 cycles an instruction, mostly waiting
-/// for instructions). The cluster kernels keep the butterfly: the serial
-/// merge makes them spill at their 128 registers.
-///
-/// # Safety
-/// As [`block_reduce`] (`smem`: the [`REDUCE_BYTES`] of reduction slots).
+/// This thread's share of a per-chunk partial: chunks `t`, `t + 256`, ...
+/// merged in this order into `empty`.
 #[inline(always)]
-unsafe fn merged_chunks<T: Reduce>(
-    slots: Slots,
-    empty: T,
-    part: impl Fn(u32) -> T,
-    serial: bool,
-    smem: *mut u8,
-) -> T {
-    let tid = arch::thread_idx_x();
-    if !serial {
-        let mut v = empty;
-        let mut c = tid;
-        while c < slots.lay.chunks {
-            v.merge_with(&part(c));
-            c += ROW_THREADS;
-        }
-        // SAFETY: forwarded.
-        return unsafe { block_reduce(v, smem as *mut T) };
+fn merge_chunks<T: Reduce>(slots: Slots, empty: T, part: impl Fn(u32) -> T) -> T {
+    let mut v = empty;
+    let mut c = arch::thread_idx_x();
+    while c < slots.lay.chunks {
+        v.merge_with(&part(c));
+        c += ROW_THREADS;
     }
-    // The last slot holds the running merge (not in registers across the
-    // barriers), the others a pass's partials.
-    let room = (REDUCE_BYTES / core::mem::size_of::<T>()) as u32 - 1;
-    let slot = smem as *mut T;
-    let chunks = slots.lay.chunks;
-    // SAFETY: slots up to `room`, inside the reduction slots; barriers
-    // between every write and the reads of it, and between the reads and
-    // the next writes.
-    unsafe {
-        let total = slot.add(room as usize);
-        if tid == 0 {
-            *total = empty;
-        }
-        let mut base = 0;
-        while base < chunks {
-            let n = (chunks - base).min(room);
-            if tid < n {
-                *slot.add(tid as usize) = part(base + tid);
-            }
-            arch::bar_sync();
-            if tid == 0 {
-                let mut acc = *total;
-                let mut j = 0;
-                while j < n {
-                    acc.merge_with(&*slot.add(j as usize));
-                    j += 1;
-                }
-                *total = acc;
-            }
-            arch::bar_sync();
-            base += room;
-        }
-        let merged = *total;
-        arch::bar_sync();
-        merged
-    }
+    v
 }
-const _: () = assert!(REDUCE_BYTES / core::mem::size_of::<Tiers>() >= 9);
-const _: () = assert!(REDUCE_BYTES / core::mem::size_of::<RowStats>() >= 9);
 
 /// The row's plan under `params`, the pre-filter on.
 #[inline(always)]
@@ -1076,10 +1022,11 @@ struct RowView {
 /// # Safety
 /// As [`block_reduce`]; the filter pass has completed.
 #[inline(always)]
-unsafe fn row_view(plan: &Plan, slots: Slots, serial: bool, smem: *mut u8) -> RowView {
+unsafe fn row_view(plan: &Plan, slots: Slots, smem: *mut u8) -> RowView {
     // SAFETY: caller's contract.
     unsafe {
-        let tiers = merged_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c), serial, smem);
+        let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
+        let tiers = block_reduce(mine, smem as *mut Tiers);
         let (floor, cand, _) = plan.candidates(tiers.s1, tiers.s2, tiers.all);
         RowView {
             floor,
@@ -1170,15 +1117,7 @@ unsafe fn row_bins(hist: *const u32, base: u32, g: u32, size: u32) -> [u32; 8] {
 /// and is visible to every block of the row; `smem` is the selection
 /// kernels' dynamic shared memory.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn refine(
-    row: Row,
-    slots: Slots,
-    rank: u32,
-    size: u32,
-    serial: bool,
-    smem: *mut u8,
-) -> RowView {
+unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) -> RowView {
     let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on the row's plan and block-reduced (or row-merged)
@@ -1186,7 +1125,7 @@ unsafe fn refine(
     unsafe {
         let rp = *slots.plan();
         let plan = rp.plan;
-        let view = row_view(&plan, slots, serial, smem);
+        let view = row_view(&plan, slots, smem);
         if rp.flags & 1 == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
             return view;
         }
@@ -1284,7 +1223,7 @@ unsafe fn refine(
             // Every block has read the others' histograms, and the new
             // plan and lists are visible to the row's selection.
             row_sync(size);
-            return row_view(&(*slots.plan()).plan, slots, serial, smem);
+            return row_view(&(*slots.plan()).plan, slots, smem);
         }
         // Every block has read the others' histograms.
         row_sync(size);
@@ -1829,7 +1768,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
     unsafe {
         let slots = Slots::new(ws, batch, vocab, r);
         let shift = RowStats::shift_of(*logits.add(r as usize * row_stride as usize));
-        let stats = merged_stats(slots, true, smem);
+        let stats = merged_stats(slots, smem);
         if arch::thread_idx_x() != 0 {
             return;
         }
@@ -1957,7 +1896,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        let view = refine(row, slots, 0, 1, true, smem);
+        let view = refine(row, slots, 0, 1, smem);
         mask_row(row, slots, view, kept.add(r as usize), with_mass != 0, smem);
     }
 }
@@ -2385,7 +2324,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        let view = refine(row, slots, 0, 1, true, smem);
+        let view = refine(row, slots, 0, 1, smem);
         let r = r as usize;
         sample_row(
             row,
@@ -2576,7 +2515,7 @@ unsafe fn cluster_start(
             c += size;
         }
         row_cluster_sync();
-        let stats = merged_stats(slots, false, smem);
+        let stats = merged_stats(slots, smem);
         let plan = row_plan(&stats, shift, row.n, params);
         if rank == 0 && arch::thread_idx_x() == 0 {
             *slots.plan() = plan;
@@ -2639,7 +2578,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        let view = refine(c.row, c.slots, c.rank, c.size, false, smem);
+        let view = refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             mask_row(c.row, c.slots, view, kept.add(c.r as usize), false, smem);
         }
@@ -2697,7 +2636,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        let view = refine(c.row, c.slots, c.rank, c.size, false, smem);
+        let view = refine(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             let r = c.r as usize;
             sample_row(
