@@ -70,6 +70,55 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
     }
 }
 
+/// Sorts the first `n` words of `buf` descending, `n` at most the block's
+/// threads and the words distinct: thread `t` takes word `t`, counts the
+/// words above it (`n` shared-memory reads, every lane of a warp reading
+/// the same word) and stores it at that rank. Three block barriers in all,
+/// where a bitonic network over 256 words takes 36 steps of a
+/// compare-exchange each (ncu, session 14: 42 % of the k = 50 selection
+/// kernel's samples, most of them at its barriers). Starts and ends with a
+/// block barrier.
+///
+/// # Safety
+/// Every thread of the block calls it; `n` is at most the block's threads;
+/// `buf` is shared memory of at least `n` distinct words, which no one
+/// else touches meanwhile.
+#[inline(always)]
+pub unsafe fn rank_sort_desc(buf: *mut u64, n: u32) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: reads and writes below n (caller's contract); every read of
+    // the words is between the first two barriers, every write after the
+    // second.
+    unsafe {
+        arch::bar_sync();
+        let mine = if tid < n { *buf.add(tid as usize) } else { 0 };
+        let mut rank = 0u32;
+        let mut j = 0;
+        while j + 4 <= n {
+            let w = [
+                *buf.add(j as usize),
+                *buf.add(j as usize + 1),
+                *buf.add(j as usize + 2),
+                *buf.add(j as usize + 3),
+            ];
+            rank += u32::from(w[0] > mine)
+                + u32::from(w[1] > mine)
+                + u32::from(w[2] > mine)
+                + u32::from(w[3] > mine);
+            j += 4;
+        }
+        while j < n {
+            rank += u32::from(*buf.add(j as usize) > mine);
+            j += 1;
+        }
+        arch::bar_sync();
+        if tid < n {
+            *buf.add(rank as usize) = mine;
+        }
+        arch::bar_sync();
+    }
+}
+
 /// Sorts the first `n` words of `buf` descending: a bitonic network over
 /// the next power of two (at least 2), the words after `n` padded with 0,
 /// which must be below every word sorted. A step of stride at most 32

@@ -1319,7 +1319,12 @@ unsafe fn draw_row(
 unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
     // SAFETY: forwarded.
     unsafe {
-        block::bitonic_sort_desc(smem.gather(), n, THREADS);
+        // The gathered composites are distinct (each holds its index).
+        if n <= THREADS {
+            block::rank_sort_desc(smem.gather(), n);
+        } else {
+            block::bitonic_sort_desc(smem.gather(), n, THREADS);
+        }
         if mode & MODE_SLAB != 0 {
             write_slab(out, smem, row, k);
         }

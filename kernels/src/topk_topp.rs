@@ -1474,8 +1474,13 @@ unsafe fn sort_cut(
             *order.add(q as usize) = order_of(*order.add(q as usize));
             q += ROW_THREADS;
         }
-        // The sort's first barrier follows the conversion.
-        block::bitonic_sort_desc(order, n, ROW_THREADS);
+        // The sort's first barrier follows the conversion; the order words
+        // are distinct (each holds its index).
+        if n <= ROW_THREADS {
+            block::rank_sort_desc(order, n);
+        } else {
+            block::bitonic_sort_desc(order, n, ROW_THREADS);
+        }
         let mut r = tid;
         while r < n {
             let key = (*order.add(r as usize) >> 32) as u32;
