@@ -28,9 +28,9 @@
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
 //!    pivot rounds there; a list of at most 2048 candidates (4096 for
-//!    sampling) is sorted instead (its entries' order words by a bitonic
-//!    network in shared memory, then the cut from the masses summed in that
-//!    order by block scans);
+//!    sampling) is sorted instead (its entries' order words in shared
+//!    memory, by rank counting up to 256 and a bitonic network above, then
+//!    the cut from the masses summed in that order by block scans);
 //! 5. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
 //!    over the chunk's elements outside the kept set, without reading them
 //!    when the kept set came from the lists.
@@ -505,13 +505,21 @@ impl Row {
         }
     }
 
+    /// Whether [`Row::scan`] reads this row by 16-byte loads (a 16-byte
+    /// aligned row whose length is a multiple of 4), else one element at a
+    /// time.
+    #[inline(always)]
+    fn vectorized(&self) -> bool {
+        (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4)
+    }
+
     /// The element (offset from `ptr`) of this thread's `p`-th call of `f`
     /// in [`Row::scan`] over a row of at most `32 * ROW_THREADS` elements
     /// (one round of eight 16-byte loads, or 32 rounds of one element).
     #[inline(always)]
     fn scan_slot(&self, p: u32) -> u32 {
         let tid = arch::thread_idx_x();
-        if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
+        if self.vectorized() {
             4 * ((p / 4) * ROW_THREADS + tid) + p % 4
         } else {
             p * ROW_THREADS + tid
@@ -540,7 +548,7 @@ impl Row {
         };
         // SAFETY: every load is of an index below n (caller's contract).
         unsafe {
-            if (self.ptr as usize).is_multiple_of(16) && self.n.is_multiple_of(4) {
+            if self.vectorized() {
                 let nv = self.n / 4;
                 let load = |v: u32| {
                     if v < nv {
@@ -1234,11 +1242,12 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) ->
 /// The kept prefix of row `row` ([`crate::pivot::select_row`] with the
 /// pre-filter on) from the partials of the statistics and filter passes:
 /// the pivot rounds over the candidate list when every candidate is
-/// listed, else over the row; a list of at most `sort_max` (at most
-/// [`SORT_MAX`]) candidates is sorted instead.
+/// listed, else over the row; a list of at most `sort_max` candidates is
+/// sorted instead.
 ///
 /// # Safety
-/// As [`run_search`]; both chunked passes of this call have completed.
+/// As [`run_search`]; both chunked passes of this call have completed;
+/// `sort_max` is at most [`SORT_MAX`].
 #[inline(always)]
 unsafe fn select(
     row: Row,
@@ -1293,7 +1302,7 @@ unsafe fn select(
         // Lists of at most `sort_max`: the candidates sorted in the total
         // order, no pivot rounds.
         if let Some(l) = list
-            && (1..=sort_max.min(SORT_MAX)).contains(&l.total)
+            && (1..=sort_max).contains(&l.total)
         {
             let (cut, ranked) = sort_cut(
                 l,
@@ -1438,8 +1447,9 @@ unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
 
 /// The kept prefix of a row whose candidates are all in the list `l` (at
 /// most [`SORT_MAX`], every one a candidate): the list's entries, turned
-/// in place into their order words ([`order_of`]), sorted descending by a
-/// bitonic network, so rank `r` is the `r`-th candidate of the total
+/// in place into their order words ([`order_of`]), sorted descending
+/// (by rank counting up to [`ROW_THREADS`] words, else by a bitonic
+/// network), so rank `r` is the `r`-th candidate of the total
 /// order; then top-k keeps the ranks below `k` and top-p (`top_p`) the
 /// ranks whose exclusive mass, summed in rank order, is below `top_p`
 /// times the top-k survivors' mass (`total_mass`, every min-p survivor's,
