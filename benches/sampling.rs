@@ -60,7 +60,7 @@ fn main() -> Result<()> {
     let real = harness::real_rows(64);
     let mut failures = 0;
     for vocab in [128_256usize, 262_144] {
-        for batch in [1usize, 32, 128, 1024] {
+        for batch in [1usize, 32, 128, 256, 512, 1024] {
             if !harness::selected(&format!("B={batch} V={vocab}")) {
                 continue;
             }

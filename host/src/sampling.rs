@@ -6,7 +6,7 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg, sys::CUdeviceptr,
 };
-use flashsample_kernels::params::{ROW_THREADS, RowSplit, sampling_seeded};
+use flashsample_kernels::params::{ROW_THREADS, RowSplit, SAMPLING_SMEM_BYTES, sampling_seeded};
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
@@ -147,6 +147,25 @@ fn check_ptr(name: &'static str, p: CUdeviceptr, align: u64) -> Result<()> {
     Ok(())
 }
 
+/// Launch of `sampling_from_logits_*`: the row grid with the kernels'
+/// staged shared memory.
+fn sampling_launch(split: &RowSplit) -> LaunchConfig {
+    LaunchConfig {
+        shared_mem_bytes: SAMPLING_SMEM_BYTES,
+        ..row_launch(split)
+    }
+}
+
+/// Raises the dynamic shared memory limit of the sampling kernels (their
+/// stages take more than the default 48 KiB).
+pub(crate) fn configure(kernels: &[&cudarc::driver::CudaFunction]) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+    for f in kernels {
+        f.set_attribute(MAX_SMEM, SAMPLING_SMEM_BYTES as i32)?;
+    }
+    Ok(())
+}
+
 fn row_launch(split: &RowSplit) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (split.ctas_per_row, split.batch, 1),
@@ -262,7 +281,7 @@ impl Device {
         // signature; the caller guarantees the buffers (validated sizes and
         // alignment above); the workspace holds batch zeroed maxima and
         // tickets; ctas_per_row <= ROW_THREADS by the split.
-        unsafe { b.launch(row_launch(&split)) }?;
+        unsafe { b.launch(sampling_launch(&split)) }?;
         Ok(())
     }
 

@@ -602,6 +602,23 @@ pub fn mapa_shared_cluster(addr: u32, rank: u32) -> u32 {
     r
 }
 
+/// `ld.shared.v4.u32`: 16 bytes of this block's shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned shared address of the block with 16
+/// readable bytes.
+#[inline(always)]
+pub unsafe fn ld_shared_v4_u32(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg32) addr, options(readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
 /// `ld.shared::cluster.v4.u32`: 16 bytes of another block's shared memory
 /// (sm_90).
 ///

@@ -28,16 +28,32 @@ pub const CHUNK_ALIGN: u32 = 8;
 pub const ROW_THREADS: u32 = 256;
 
 /// Resident blocks per multiprocessor the sampling kernels are built for
-/// (their launch bounds) and the host's split fills: 3 blocks of at most
-/// 80 registers, which hold the next round's loads while a round is
-/// visited (4 to 7 % faster at B = 32 and 128 than 4 blocks of 64
-/// registers without them, the same at B = 1024; eight vectors a round
-/// instead measured 20 to 40 % slower, and two Philox chains in lockstep
-/// 10 % slower).
-pub const SAMPLING_BLOCKS_PER_SM: u32 = 3;
+/// (their launch bounds): 4 blocks of at most 64 registers, their next
+/// rounds staged in shared memory ([`SAMPLING_STAGES`]); 4 to 13 % faster
+/// than 3 blocks of 80 registers holding the next round in registers from
+/// B = 512 up (H200, session 15), up to 4 % slower at B <= 128. (Earlier:
+/// eight vectors a round measured 20 to 40 % slower, and two Philox chains
+/// in lockstep 10 % slower.)
+pub const SAMPLING_BLOCKS_PER_SM: u32 = 4;
 
 /// 16-byte vectors a thread of the sampling kernels loads a round.
 pub const SAMPLING_ROUND_VECTORS: u32 = 4;
+
+/// Rounds of the sampling kernels' loads a block stages in shared memory
+/// (`cp.async`, each thread into its own slots): the round being visited
+/// and `SAMPLING_STAGES - 1` ahead of it, in flight without holding
+/// registers.
+pub const SAMPLING_STAGES: u32 = 3;
+
+/// Bytes of the sampling kernels' shared words before their stages (the
+/// block's maxima and running score; see `row_launch` on the host).
+pub const SAMPLING_STAGE_OFFSET: u32 = 256;
+
+/// Dynamic shared memory of a sampling launch: the small words, then
+/// [`SAMPLING_STAGES`] rounds of every thread's vectors.
+pub const SAMPLING_SMEM_BYTES: u32 =
+    SAMPLING_STAGE_OFFSET + SAMPLING_STAGES * SAMPLING_ROUND_VECTORS * ROW_THREADS * 16;
+const _: () = assert!((2 * ROW_THREADS / 32 + 2) * 8 <= SAMPLING_STAGE_OFFSET);
 
 /// Whether a sampling launch whose blocks take `chunk` elements of
 /// `elem_bytes` bytes uses the seeded kernels (`sampling_from_logits_seeded_*`):

@@ -10,7 +10,7 @@
 //!
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
-//! shared memory `(ROW_THREADS / 32 + 3) * 8` bytes. With more than one block
+//! shared memory [`crate::params::SAMPLING_SMEM_BYTES`] (16-byte aligned). With more than one block
 //! per row, each block's thread 0 folds the block's best key into
 //! `keys[row]` (an atomic maximum) and takes an acq_rel ticket on
 //! `counters[row]`; the last one takes the row's key, writes the token and
@@ -27,7 +27,9 @@ use crate::arch;
 use crate::block;
 use crate::float16::bf16_to_f32;
 use crate::noise;
-use crate::params::{ROW_THREADS, RowSplit, SAMPLING_ROUND_VECTORS};
+use crate::params::{
+    ROW_THREADS, RowSplit, SAMPLING_ROUND_VECTORS, SAMPLING_STAGE_OFFSET, SAMPLING_STAGES,
+};
 use crate::race::Race;
 use crate::sample;
 
@@ -125,29 +127,53 @@ impl Elem for Bf16 {
 /// Vectors a thread loads a round.
 const UNROLL: u32 = SAMPLING_ROUND_VECTORS;
 
-/// One round of a thread's vectors: `UNROLL` (4) 16-byte loads
-/// `ROW_THREADS` vectors apart from vector `v`, those at or past `nvec` not
-/// issued (zeros). Written out: an indexed loop left the array in local
-/// memory.
+/// Bytes between a thread's consecutive slots of a stage: the block's
+/// threads' slots of one vector are consecutive (conflict-free 16-byte
+/// shared loads).
+const SLOT_STRIDE: u32 = ROW_THREADS * 16;
+/// Bytes of one stage: a round of every thread's vectors.
+const STAGE_BYTES: u32 = UNROLL * SLOT_STRIDE;
+
+/// Starts one round of a thread's vectors into its slots of a stage:
+/// `UNROLL` (4) 16-byte `cp.async` copies `ROW_THREADS` vectors apart from
+/// vector `v`, those at or past `nvec` not issued, as one commit group
+/// (empty past the chunk). Staged in shared memory, a round in flight holds
+/// no registers: the kernels keep two rounds ahead at four blocks a
+/// multiprocessor, where three blocks held one round ahead in registers.
 ///
 /// # Safety
-/// `vec_ptr(i)` is a readable 16-byte aligned address for every `i < nvec`.
+/// `vec_ptr(i)` is a readable 16-byte aligned address for every `i < nvec`;
+/// `slots` is the thread's first slot of a stage that no pending copy or
+/// unfinished read uses.
 #[inline(always)]
-unsafe fn load_round(
-    v: u32,
-    nvec: u32,
-    vec_ptr: impl Fn(u32) -> *const u32,
-) -> [[u32; 4]; UNROLL as usize] {
-    let load = |i: u32| {
+unsafe fn copy_round(v: u32, nvec: u32, vec_ptr: impl Fn(u32) -> *const u32, slots: u32) {
+    let copy = |i: u32| {
         let vi = v + i * ROW_THREADS;
         if vi < nvec {
-            // SAFETY: vi < nvec (caller's contract).
-            unsafe { arch::ld_global_nc_v4_u32(vec_ptr(vi)) }
-        } else {
-            [0; 4]
+            // SAFETY: vi < nvec (caller's contract); the slot is the
+            // thread's own.
+            unsafe { arch::cp_async_cg_16(slots + i * SLOT_STRIDE, vec_ptr(vi) as *const u8, 16) };
         }
     };
-    [load(0), load(1), load(2), load(3)]
+    copy(0);
+    copy(1);
+    copy(2);
+    copy(3);
+    arch::cp_async_commit_group();
+}
+
+/// Visits vector `v` of the chunk starting at token `lo` from its slot at
+/// shared address `slot`, unless `v` is past the chunk (`nvec` vectors).
+///
+/// # Safety
+/// When `v < nvec`, the slot holds the vector (its copy completed).
+#[inline(always)]
+unsafe fn visit_slot<E: Elem>(slot: u32, v: u32, nvec: u32, lo: u32, race: &mut Race) {
+    if v < nvec {
+        // SAFETY: the caller's contract.
+        let x = unsafe { arch::ld_shared_v4_u32(slot) };
+        E::visit_vec(x, lo + v * E::LANES, race);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -182,10 +208,17 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
         // Chunks are multiples of 8 elements: every block starts aligned.
         let nvec = if aligned { (hi - lo) / lanes } else { 0 };
         let vec_ptr = |vi: u32| row_ptr.add((lo + vi * lanes) as usize * E::BYTES) as *const u32;
-        // The first round's loads go out before anything waits (the row's
+        // The first rounds' copies go out before anything waits (the row's
         // parameters, the barrier below): at small batches a block has one
-        // round, and its latency is the kernel's.
-        let mut round = load_round(tid, nvec, vec_ptr);
+        // round, and its latency is the kernel's. Stage `s` of thread `tid`
+        // starts at `slots(s)`.
+        let slots0 = arch::smem_addr(smem) + SAMPLING_STAGE_OFFSET + tid * 16;
+        let slots = |stage: u32| slots0 + stage * STAGE_BYTES;
+        let mut s = 0;
+        while s + 1 < SAMPLING_STAGES {
+            copy_round(tid + s * UNROLL * ROW_THREADS, nvec, vec_ptr, slots(s));
+            s += 1;
+        }
         let mut race = Race::new(*temperature.add(r), *seed.add(r), *offset.add(r));
         // The block's running best approximate score, shared after every
         // round but the last so that each thread filters against the whole
@@ -200,6 +233,8 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
             // (the sharing needs whole warps); vectors past the chunk are
             // neither loaded nor visited.
             let mut base = 0;
+            // The stage of the round being visited.
+            let mut stage = 0;
             // The seeded kernels (for blocks of several rounds) first seed
             // every thread's filter with the best approximate score among
             // its block's largest logits of each thread's first vector
@@ -209,8 +244,11 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
             // code made the one-round blocks of small batches 0.3 us
             // slower even where it did not run.)
             if SEEDED && !race.is_greedy() && nvec > UNROLL * ROW_THREADS {
+                // The first round's group is the oldest pending one.
+                arch::cp_async_wait_group::<{ SAMPLING_STAGES - 2 }>();
                 let score = if tid < nvec {
-                    let (x, j) = E::max_token(round[0], lo + tid * lanes);
+                    let first = arch::ld_shared_v4_u32(slots(0));
+                    let (x, j) = E::max_token(first, lo + tid * lanes);
                     race.approx_score(x, j)
                 } else {
                     f32::NEG_INFINITY
@@ -220,26 +258,50 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
                 race.raise(block::block_running_max_f32(f32::NEG_INFINITY, shared_top));
             }
             loop {
-                // The next round's loads go out before this round's visits
-                // (vectors past the chunk are not loaded), so that a
-                // thread always has a round in flight.
-                let next = load_round(base + UNROLL * ROW_THREADS + tid, nvec, vec_ptr);
-                let [a, b, c, d] = round;
-                let mut visit = |x: [u32; 4], i: u32| {
-                    let v = base + tid + i * ROW_THREADS;
-                    if v < nvec {
-                        E::visit_vec(x, lo + v * lanes, &mut race);
-                    }
+                // The round `SAMPLING_STAGES - 1` ahead goes into the stage
+                // this thread visited last (vectors past the chunk are not
+                // copied); then this round's group, the oldest, completes.
+                let ahead = if stage == 0 {
+                    SAMPLING_STAGES - 1
+                } else {
+                    stage - 1
                 };
-                visit(a, 0);
-                visit(b, 1);
-                visit(c, 2);
-                visit(d, 3);
+                copy_round(
+                    base + (SAMPLING_STAGES - 1) * UNROLL * ROW_THREADS + tid,
+                    nvec,
+                    vec_ptr,
+                    slots(ahead),
+                );
+                arch::cp_async_wait_group::<{ SAMPLING_STAGES - 1 }>();
+                let here = slots(stage);
+                // Written out (a loop stayed rolled, one group's code a
+                // turn).
+                let v = base + tid;
+                visit_slot::<E>(here, v, nvec, lo, &mut race);
+                visit_slot::<E>(here + SLOT_STRIDE, v + ROW_THREADS, nvec, lo, &mut race);
+                visit_slot::<E>(
+                    here + 2 * SLOT_STRIDE,
+                    v + 2 * ROW_THREADS,
+                    nvec,
+                    lo,
+                    &mut race,
+                );
+                visit_slot::<E>(
+                    here + 3 * SLOT_STRIDE,
+                    v + 3 * ROW_THREADS,
+                    nvec,
+                    lo,
+                    &mut race,
+                );
                 base += UNROLL * ROW_THREADS;
                 if base >= nvec {
                     break;
                 }
-                round = next;
+                stage = if stage + 1 == SAMPLING_STAGES {
+                    0
+                } else {
+                    stage + 1
+                };
                 if !race.is_greedy() {
                     race.raise(block::block_running_max_f32(race.top_score(), shared_top));
                 }
