@@ -147,17 +147,22 @@ fn check_ptr(name: &'static str, p: CUdeviceptr, align: u64) -> Result<()> {
     Ok(())
 }
 
-/// Launch of `sampling_from_logits_*`: the row grid with the kernels'
-/// staged shared memory.
-fn sampling_launch(split: &RowSplit) -> LaunchConfig {
+/// Launch of `sampling_from_logits_*`: the row grid, with the staged
+/// shared memory for the seeded kernels (the others load into registers).
+fn sampling_launch(split: &RowSplit, seeded: bool) -> LaunchConfig {
+    let rows = row_launch(split);
     LaunchConfig {
-        shared_mem_bytes: SAMPLING_SMEM_BYTES,
-        ..row_launch(split)
+        shared_mem_bytes: if seeded {
+            SAMPLING_SMEM_BYTES
+        } else {
+            rows.shared_mem_bytes
+        },
+        ..rows
     }
 }
 
-/// Raises the dynamic shared memory limit of the sampling kernels (their
-/// stages take more than the default 48 KiB).
+/// Raises the dynamic shared memory limit of the sampling kernels (the
+/// seeded kernels' stages take more than the default 48 KiB).
 pub(crate) fn configure(kernels: &[&cudarc::driver::CudaFunction]) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
     for f in kernels {
@@ -281,7 +286,7 @@ impl Device {
         // signature; the caller guarantees the buffers (validated sizes and
         // alignment above); the workspace holds batch zeroed maxima and
         // tickets; ctas_per_row <= ROW_THREADS by the split.
-        unsafe { b.launch(sampling_launch(&split)) }?;
+        unsafe { b.launch(sampling_launch(&split, seeded)) }?;
         Ok(())
     }
 
