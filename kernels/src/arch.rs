@@ -602,41 +602,44 @@ pub fn mapa_shared_cluster(addr: u32, rank: u32) -> u32 {
     r
 }
 
-/// `ld.shared.v4.u32`: 16 bytes of this block's shared memory.
-///
-/// # Safety
-/// `addr` is a 16-byte aligned shared address of the block with 16
-/// readable bytes.
-#[inline(always)]
-pub unsafe fn ld_shared_v4_u32(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: the caller guarantees the address.
-    unsafe {
-        asm!("ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-             p = in(reg32) addr, options(readonly, nostack))
+macro_rules! ld_shared_v4_u32 {
+    ($(#[$attr:meta])* $name:ident, $op:literal) => {
+        $(#[$attr])*
+        #[inline(always)]
+        pub unsafe fn $name(addr: u32) -> [u32; 4] {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            // SAFETY: the caller guarantees the address.
+            unsafe {
+                asm!(concat!($op, " {{{a}, {b}, {c}, {d}}}, [{p}];"),
+                     a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+                     p = in(reg32) addr, options(readonly, nostack))
+            };
+            [a, b, c, d]
+        }
     };
-    [a, b, c, d]
 }
 
-/// `ld.shared::cluster.v4.u32`: 16 bytes of another block's shared memory
-/// (sm_90).
-///
-/// # Safety
-/// `addr` comes from [`mapa_shared_cluster`] of a 16-byte aligned shared
-/// address, and the block it names is running.
-#[cfg(target_feature = "sm_90")]
-#[inline(always)]
-pub unsafe fn ld_shared_cluster_v4_u32(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: the caller guarantees the address.
-    unsafe {
-        asm!("ld.shared::cluster.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-             p = in(reg32) addr, options(readonly, nostack))
-    };
-    [a, b, c, d]
-}
+ld_shared_v4_u32!(
+    /// `ld.shared.v4.u32`: 16 bytes of this block's shared memory.
+    ///
+    /// # Safety
+    /// `addr` is a 16-byte aligned shared address of the block with 16
+    /// readable bytes.
+    ld_shared_v4_u32,
+    "ld.shared.v4.u32"
+);
+
+ld_shared_v4_u32!(
+    /// `ld.shared::cluster.v4.u32`: 16 bytes of another block's shared
+    /// memory (sm_90).
+    ///
+    /// # Safety
+    /// `addr` comes from [`mapa_shared_cluster`] of a 16-byte aligned shared
+    /// address, and the block it names is running.
+    #[cfg(target_feature = "sm_90")]
+    ld_shared_cluster_v4_u32,
+    "ld.shared::cluster.v4.u32"
+);
 
 /// `st.shared::cluster.u64`: 8 bytes into another block's shared memory
 /// (sm_90).
