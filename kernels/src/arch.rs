@@ -162,6 +162,18 @@ pub unsafe fn st_global_v4_u32(p: *mut u32, v: [u32; 4]) {
     };
 }
 
+/// `fma.rn.f32`: `a * b + c` rounded once.
+#[inline(always)]
+pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only instruction.
+    unsafe {
+        asm!("fma.rn.f32 {r}, {a}, {b}, {c};", r = out(reg32) r, a = in(reg32) a,
+             b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack))
+    };
+    r
+}
+
 /// `lg2.approx.ftz.f32`: base-2 logarithm, maximum relative error 2^-22
 /// for normal inputs (PTX ISA); only used to filter candidates.
 #[inline(always)]

@@ -122,9 +122,11 @@ pub fn gumbel_upper_bound(bits: u32) -> f32 {
 /// (the sampling kernels' one test per Philox group).
 #[inline(always)]
 pub fn gumbel_clz_bound(bits: u32) -> f32 {
-    // ln 2 rounded up, so the product stays an upper bound.
-    (1 + (!bits).leading_zeros()) as f32 * 0.693_148
+    (1 + (!bits).leading_zeros()) as f32 * LN2_UP
 }
+
+/// `ln 2` rounded up, so that multiples of it stay upper bounds.
+pub const LN2_UP: f32 = 0.693_148;
 
 /// [`gumbel_from_bits`] of every word in the lower half (`bits < 2^31`) is
 /// at most this (see [`gumbel_upper_bound`]).
@@ -135,7 +137,7 @@ pub const GUMBEL_BOUND_LOWER: f32 = 0.37;
 pub const COMMON_WORD_MIN: u32 = 1 << 24;
 /// `8 ln 2` rounded up: the bound of [`gumbel_upper_bound`] for every word
 /// with `!bits >= 2^24`.
-pub const GUMBEL_BOUND_COMMON: f32 = 8.0 * 0.693_148;
+pub const GUMBEL_BOUND_COMMON: f32 = 8.0 * LN2_UP;
 
 /// Upper bound on the error of the kernels' approximate Gumbel noise (from
 /// `lg2.approx`) against [`gumbel_from_bits`], over all 2^32 words: the

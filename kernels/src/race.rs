@@ -51,6 +51,16 @@ fn threshold(a: f32) -> f32 {
     }
 }
 
+/// `top` plus [`noise::gumbel_clz_bound`] of word `w` plus the
+/// approximation error twice, as `(clz(!w) ln 2 + top) + (ln 2 + 2 err)`:
+/// a fused multiply-add and an add instead of a multiply and two adds,
+/// rounded twice like the sum it stands for.
+#[inline(always)]
+fn group_score(top: f32, w: u32) -> f32 {
+    let ln2 = noise::LN2_UP;
+    arch::fma_f32((!w).leading_zeros() as f32, ln2, top) + (ln2 + 2.0 * GUMBEL_APPROX_ERR)
+}
+
 /// The exact key of a token ([`sample::gumbel_key`]), out of line: it is
 /// needed at most a few times per thread and row, and inlined at every
 /// token it made the hot loop too large for the instruction cache.
@@ -285,7 +295,7 @@ impl Race {
             // an infinite `inv_t` or `T`, skips nothing: the per-token tests
             // decide.)
             let w = r[0].max(r[1]).max(r[2].max(r[3]));
-            if top + (noise::gumbel_clz_bound(w) + 2.0 * GUMBEL_APPROX_ERR) < self.thr {
+            if group_score(top, w) < self.thr {
                 return;
             }
             let xs = [
