@@ -6,7 +6,9 @@
 //! blocks take more than one round of loads
 //! ([`crate::params::sampling_seeded`]), `sampling_from_logits_seeded_*`,
 //! which first raise every thread's filter to the block's best approximate
-//! score among a few tokens (same tokens, same bits).
+//! score among a few tokens (same tokens, same bits) and stage their rounds
+//! in shared memory ([`crate::params::SAMPLING_STAGES`]); the others load
+//! their one round into registers.
 //!
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
