@@ -29,7 +29,7 @@ pub const ROW_THREADS: u32 = 256;
 
 /// Resident blocks per multiprocessor the sampling kernels are built for
 /// (their launch bounds): 4 blocks of at most 64 registers, their next
-/// rounds staged in shared memory ([`SAMPLING_STAGES`]); 4 to 13 % faster
+/// rounds staged in shared memory ([`SAMPLING_STAGES`]); 3 to 13 % faster
 /// than 3 blocks of 80 registers holding the next round in registers from
 /// B = 512 up (H200, session 15), up to 4 % slower at B <= 128. (Earlier:
 /// eight vectors a round measured 20 to 40 % slower, and two Philox chains
