@@ -177,12 +177,7 @@ impl Device {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        crate::sampling::configure(&[
-            &kernels.sampling_f32,
-            &kernels.sampling_bf16,
-            &kernels.sampling_seeded_f32,
-            &kernels.sampling_seeded_bf16,
-        ])?;
+        crate::sampling::configure(&[&kernels.sampling_seeded_f32, &kernels.sampling_seeded_bf16])?;
         crate::fused_lm_head::configure(arch, &kernels.fused_bf16, &kernels.fused_f16)?;
         let topk_topp = crate::topk_topp::configure(&ctx, arch, sm_count, &kernels)?;
         let smem = SmemPerSm {

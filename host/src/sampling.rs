@@ -161,11 +161,12 @@ fn sampling_launch(split: &RowSplit, seeded: bool) -> LaunchConfig {
     }
 }
 
-/// Raises the dynamic shared memory limit of the sampling kernels (the
-/// seeded kernels' stages take more than the default 48 KiB).
-pub(crate) fn configure(kernels: &[&cudarc::driver::CudaFunction]) -> Result<()> {
+/// Raises the dynamic shared memory limit of the seeded sampling kernels
+/// (their stages take more than the default 48 KiB; the others launch
+/// with a few words).
+pub(crate) fn configure(seeded: &[&cudarc::driver::CudaFunction]) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-    for f in kernels {
+    for f in seeded {
         f.set_attribute(MAX_SMEM, SAMPLING_SMEM_BYTES as i32)?;
     }
     Ok(())
