@@ -412,38 +412,34 @@ fn sanitize_sampling_paths() {
     let mut coverage = Coverage::default();
     // V <= 1024: one block per row; larger V at small B: several. Vector
     // loads where rows are 16-byte aligned and V is a multiple of the
-    // vector's lanes (8192, 1000, 100000), scalar loads elsewhere. Blocks of
-    // several rounds (100000 x 64: about 16672 elements a block on an H200,
-    // above 8192 on any GPU of up to 260 SMs) take the seeded kernels.
-    for (vocab, batch, seeded) in [
-        (111, 1, false),
-        (111, 3, false),
-        (4099, 3, false),
-        (8192, 1, false),
-        (1000, 700, false),
-        (20_001, 5, false),
-        (100_000, 64, true),
+    // vector's lanes (8192, 1000, 100000, 9000), scalar loads elsewhere.
+    // Blocks of several rounds take the wide kernels while the grid fits in
+    // two blocks a multiprocessor (100000 x 64: about 16672 elements a
+    // block on an H200, above 8192 on any GPU of up to 260 SMs), the seeded
+    // kernels past it (9000 x 600: one block a row, more rows than two a
+    // multiprocessor on any GPU of up to 299 SMs).
+    for (vocab, batch, kernel) in [
+        (111, 1, ""),
+        (111, 3, ""),
+        (4099, 3, ""),
+        (8192, 1, ""),
+        (1000, 700, ""),
+        (20_001, 5, ""),
+        (100_000, 64, "wide_"),
+        (9000, 600, "seeded_"),
     ] {
         let b = Batch::random(&mut rng, batch, vocab);
         let d = stream.clone_htod(&b.logits).unwrap();
         let got = sample_on_gpu(&dev, &stream, &d, &b, &mut ws);
         check_against_reference(&b, &got, &mut report, |r| r.to_vec());
-        coverage.case(&[if seeded {
-            "sampling_from_logits_seeded_f32"
-        } else {
-            "sampling_from_logits_f32"
-        }]);
+        coverage.case(&[&format!("sampling_from_logits_{kernel}f32")]);
         let h: Vec<half::bf16> = b.logits.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let d = stream.clone_htod(&h).unwrap();
         let got = sample_on_gpu(&dev, &stream, &d, &b, &mut ws);
         check_against_reference(&b, &got, &mut report, |r| {
             r.iter().map(|&x| common::bf16_round(x)).collect()
         });
-        coverage.case(&[if seeded {
-            "sampling_from_logits_seeded_bf16"
-        } else {
-            "sampling_from_logits_bf16"
-        }]);
+        coverage.case(&[&format!("sampling_from_logits_{kernel}bf16")]);
     }
     report.assert_none("sanitize: sampling paths");
     coverage.report(TEST);

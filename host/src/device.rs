@@ -19,6 +19,8 @@ pub(crate) struct Kernels {
     pub sampling_bf16: CudaFunction,
     pub sampling_seeded_f32: CudaFunction,
     pub sampling_seeded_bf16: CudaFunction,
+    pub sampling_wide_f32: CudaFunction,
+    pub sampling_wide_bf16: CudaFunction,
     pub softmax_stats_f32: CudaFunction,
     pub softmax_write_f32: CudaFunction,
     pub gumbel_probe: CudaFunction,
@@ -141,6 +143,8 @@ impl Device {
             sampling_bf16: f("sampling_from_logits_bf16")?,
             sampling_seeded_f32: f("sampling_from_logits_seeded_f32")?,
             sampling_seeded_bf16: f("sampling_from_logits_seeded_bf16")?,
+            sampling_wide_f32: f("sampling_from_logits_wide_f32")?,
+            sampling_wide_bf16: f("sampling_from_logits_wide_bf16")?,
             softmax_stats_f32: f("softmax_stats_f32")?,
             softmax_write_f32: f("softmax_write_f32")?,
             gumbel_probe: f("gumbel_filter_error_probe")?,
@@ -177,7 +181,12 @@ impl Device {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        crate::sampling::configure(&[&kernels.sampling_seeded_f32, &kernels.sampling_seeded_bf16])?;
+        crate::sampling::configure(&[
+            &kernels.sampling_seeded_f32,
+            &kernels.sampling_seeded_bf16,
+            &kernels.sampling_wide_f32,
+            &kernels.sampling_wide_bf16,
+        ])?;
         crate::fused_lm_head::configure(arch, &kernels.fused_bf16, &kernels.fused_f16)?;
         let topk_topp = crate::topk_topp::configure(&ctx, arch, sm_count, &kernels)?;
         let smem = SmemPerSm {

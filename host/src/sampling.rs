@@ -6,7 +6,9 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg, sys::CUdeviceptr,
 };
-use flashsample_kernels::params::{ROW_THREADS, RowSplit, SAMPLING_SMEM_BYTES, sampling_seeded};
+use flashsample_kernels::params::{
+    ROW_THREADS, RowSplit, SAMPLING_SMEM_BYTES, SAMPLING_WIDE_BLOCKS_PER_SM, sampling_seeded,
+};
 
 use crate::device::Device;
 use crate::error::{Result, param, shape};
@@ -161,12 +163,22 @@ fn sampling_launch(split: &RowSplit, seeded: bool) -> LaunchConfig {
     }
 }
 
-/// Raises the dynamic shared memory limit of the seeded sampling kernels
-/// (their stages take more than the default 48 KiB; the others launch
-/// with a few words).
-pub(crate) fn configure(seeded: &[&cudarc::driver::CudaFunction]) -> Result<()> {
+/// Whether a launch of blocks of several rounds takes the wide kernels:
+/// its grid fits in one wave at [`SAMPLING_WIDE_BLOCKS_PER_SM`] blocks a
+/// multiprocessor, so that each scheduler has few warps and a thread's
+/// interleaved Philox chains fill its issue slots; larger grids take the
+/// seeded kernels, four blocks a multiprocessor.
+fn sampling_wide(split: &RowSplit, sm_count: u32) -> bool {
+    u64::from(split.batch) * u64::from(split.ctas_per_row)
+        <= u64::from(SAMPLING_WIDE_BLOCKS_PER_SM) * u64::from(sm_count)
+}
+
+/// Raises the dynamic shared memory limit of the staged sampling kernels
+/// (seeded and wide: their stages take more than the default 48 KiB; the
+/// others launch with a few words).
+pub(crate) fn configure(staged: &[&cudarc::driver::CudaFunction]) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-    for f in seeded {
+    for f in staged {
         f.set_attribute(MAX_SMEM, SAMPLING_SMEM_BYTES as i32)?;
     }
     Ok(())
@@ -264,11 +276,13 @@ impl Device {
         ws.fit(stream, &split, 0)?;
         let k = self.kernels();
         let seeded = sampling_seeded(split.chunk, raw.dtype.size() as u32);
-        let func = match (raw.dtype, seeded) {
-            (DType::F32, false) => &k.sampling_f32,
-            (DType::Bf16, false) => &k.sampling_bf16,
-            (DType::F32, true) => &k.sampling_seeded_f32,
-            (DType::Bf16, true) => &k.sampling_seeded_bf16,
+        let func = match (raw.dtype, seeded, sampling_wide(&split, self.sm_count())) {
+            (DType::F32, false, _) => &k.sampling_f32,
+            (DType::Bf16, false, _) => &k.sampling_bf16,
+            (DType::F32, true, false) => &k.sampling_seeded_f32,
+            (DType::Bf16, true, false) => &k.sampling_seeded_bf16,
+            (DType::F32, true, true) => &k.sampling_wide_f32,
+            (DType::Bf16, true, true) => &k.sampling_wide_bf16,
         };
         let (m, _g1) = ws.keys.device_ptr_mut(stream);
         let (c, _g2) = ws.counters.device_ptr_mut(stream);
@@ -390,5 +404,31 @@ impl Device {
         // aligned words (checked); the workspace holds a word per block.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows::{Rows, split_for_batch};
+
+    /// Small and middle batches take the wide kernels (one wave at two
+    /// blocks a multiprocessor), large ones the seeded kernels.
+    #[test]
+    fn wide_kernels_take_one_wave_grids() {
+        for sm in [108u32, 132, 144] {
+            for vocab in [32_000usize, 128_256, 262_144] {
+                for batch in [1usize, 8, 32, 128, 256, 512, 1024] {
+                    let split = split_for_batch(&Rows::contiguous(batch, vocab), sm);
+                    let blocks = batch * split.ctas_per_row as usize;
+                    assert_eq!(
+                        sampling_wide(&split, sm),
+                        blocks <= 2 * sm as usize,
+                        "{sm} SMs, V = {vocab}, B = {batch}: {split:?}"
+                    );
+                    assert_eq!(sampling_wide(&split, sm), batch <= 2 * sm as usize);
+                }
+            }
+        }
     }
 }

@@ -57,6 +57,8 @@ pub const ENTRY_POINTS: &[&str] = &[
     "sampling_from_logits_bf16",
     "sampling_from_logits_seeded_f32",
     "sampling_from_logits_seeded_bf16",
+    "sampling_from_logits_wide_f32",
+    "sampling_from_logits_wide_bf16",
     "softmax_stats_f32",
     "softmax_write_f32",
     "gumbel_filter_error_probe",
@@ -175,6 +177,18 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         kernel: "sampling_from_logits_seeded_bf16",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::SAMPLING_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "sampling_from_logits_wide_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::SAMPLING_WIDE_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "sampling_from_logits_wide_bf16",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::SAMPLING_WIDE_BLOCKS_PER_SM,
         modules: Modules::All,
     },
     LaunchBounds {

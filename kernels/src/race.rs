@@ -61,6 +61,12 @@ fn group_score(top: f32, w: u32) -> f32 {
     arch::fma_f32((!w).leading_zeros() as f32, ln2, top) + (ln2 + 2.0 * GUMBEL_APPROX_ERR)
 }
 
+/// The largest of a group's four noise words (its bound's word).
+#[inline(always)]
+fn max_word(r: [u32; 4]) -> u32 {
+    r[0].max(r[1]).max(r[2].max(r[3]))
+}
+
 /// The exact key of a token ([`sample::gumbel_key`]), out of line: it is
 /// needed at most a few times per thread and row, and inlined at every
 /// token it made the hot loop too large for the instruction cache.
@@ -294,37 +300,107 @@ impl Race {
             // per-token path, 12 % slower at B = 1024. (A NaN `top`, from
             // an infinite `inv_t` or `T`, skips nothing: the per-token tests
             // decide.)
-            let w = r[0].max(r[1]).max(r[2].max(r[3]));
-            if group_score(top, w) < self.thr {
+            if group_score(top, max_word(r)) < self.thr {
                 return;
             }
-            let xs = [
-                x[0] * self.inv_t,
-                x[1] * self.inv_t,
-                x[2] * self.inv_t,
-                x[3] * self.inv_t,
-            ];
-            let p = [
-                self.may_reach(xs[0], r[0]),
-                self.may_reach(xs[1], r[1]),
-                self.may_reach(xs[2], r[2]),
-                self.may_reach(xs[3], r[3]),
-            ];
-            if !(p[0] | p[1] | p[2] | p[3]) {
-                return;
+            self.visit_passed(x, r, j);
+        }
+    }
+
+    /// Sixteen tokens in four groups, group `i` starting at token `j[i]` (a
+    /// multiple of 4) with logits `x(i)`, ignored unless `valid[i]`: what
+    /// [`Race::visit4`] does for each, with the four groups' Philox calls
+    /// made together, independent chains the scheduler interleaves, for
+    /// kernels with few warps a scheduler (one chain leaves most issue slots
+    /// idle there). `x` is called twice for a group that passes its noise
+    /// bound, so that the logits need not stay in registers across the
+    /// Philox calls.
+    #[inline(always)]
+    pub fn visit16(&mut self, x: impl Fn(usize) -> [f32; 4], j: [u32; 4], valid: [bool; 4]) {
+        // Written out: indexed loops left the arrays in local memory.
+        if self.greedy {
+            if valid[0] {
+                self.visit4(x(0), j[0]);
             }
-            if p[0] {
-                self.visit(x[0], xs[0], r[0], j);
+            if valid[1] {
+                self.visit4(x(1), j[1]);
             }
-            if p[1] {
-                self.visit(x[1], xs[1], r[1], j + 1);
+            if valid[2] {
+                self.visit4(x(2), j[2]);
             }
-            if p[2] {
-                self.visit(x[2], xs[2], r[2], j + 2);
+            if valid[3] {
+                self.visit4(x(3), j[3]);
             }
-            if p[3] {
-                self.visit(x[3], xs[3], r[3], j + 3);
+            return;
+        }
+        let top = |i: usize| {
+            if valid[i] {
+                let x = x(i);
+                x[0].max(x[1]).max(x[2].max(x[3])) * self.inv_t
+            } else {
+                f32::NEG_INFINITY
             }
+        };
+        let tops = [top(0), top(1), top(2), top(3)];
+        let need = |i: usize| valid[i] && !(tops[i] + NOISE_CAP < self.thr);
+        let need = [need(0), need(1), need(2), need(3)];
+        if !(need[0] | need[1] | need[2] | need[3]) {
+            return;
+        }
+        let noise = |j: u32| philox::token_noise_group(self.key, self.offset, j >> 2);
+        let r = [noise(j[0]), noise(j[1]), noise(j[2]), noise(j[3])];
+        // Every group's bound before one branch: a bound tested only in its
+        // group's branch let the compiler sink each Philox call into it,
+        // one chain at a time again. Past the branch (rare) each bound is
+        // tested again against the threshold of the moment.
+        let pass = |i: usize, thr: f32| need[i] & !(group_score(tops[i], max_word(r[i])) < thr);
+        if !(pass(0, self.thr) | pass(1, self.thr) | pass(2, self.thr) | pass(3, self.thr)) {
+            return;
+        }
+        if pass(0, self.thr) {
+            self.visit_passed(x(0), r[0], j[0]);
+        }
+        if pass(1, self.thr) {
+            self.visit_passed(x(1), r[1], j[1]);
+        }
+        if pass(2, self.thr) {
+            self.visit_passed(x(2), r[2], j[2]);
+        }
+        if pass(3, self.thr) {
+            self.visit_passed(x(3), r[3], j[3]);
+        }
+    }
+
+    /// The per-token tests of a group of four tokens from `j` whose noise
+    /// words `r` passed the group's bound.
+    #[inline(always)]
+    fn visit_passed(&mut self, x: [f32; 4], r: [u32; 4], j: u32) {
+        let xs = [
+            x[0] * self.inv_t,
+            x[1] * self.inv_t,
+            x[2] * self.inv_t,
+            x[3] * self.inv_t,
+        ];
+        let p = [
+            self.may_reach(xs[0], r[0]),
+            self.may_reach(xs[1], r[1]),
+            self.may_reach(xs[2], r[2]),
+            self.may_reach(xs[3], r[3]),
+        ];
+        if !(p[0] | p[1] | p[2] | p[3]) {
+            return;
+        }
+        if p[0] {
+            self.visit(x[0], xs[0], r[0], j);
+        }
+        if p[1] {
+            self.visit(x[1], xs[1], r[1], j + 1);
+        }
+        if p[2] {
+            self.visit(x[2], xs[2], r[2], j + 2);
+        }
+        if p[3] {
+            self.visit(x[3], xs[3], r[3], j + 3);
         }
     }
 

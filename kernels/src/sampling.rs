@@ -8,12 +8,15 @@
 //! which first raise every thread's filter to the block's best approximate
 //! score among a few tokens (same tokens, same bits) and stage their rounds
 //! in shared memory ([`crate::params::SAMPLING_STAGES`]); the others load
-//! their one round into registers.
+//! their one round into registers. `sampling_from_logits_wide_*` are the
+//! seeded kernels for grids of at most
+//! [`crate::params::SAMPLING_WIDE_BLOCKS_PER_SM`] blocks a multiprocessor,
+//! whose threads make four groups' Philox calls at a time.
 //!
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
 //! shared memory (16-byte aligned) [`crate::params::SAMPLING_SMEM_BYTES`]
-//! for the seeded kernels, `(2 * ROW_THREADS / 32 + 2) * 8` bytes for the
+//! for the seeded and wide kernels, `(2 * ROW_THREADS / 32 + 2) * 8` bytes for the
 //! others. With more than one block
 //! per row, each block's thread 0 folds the block's best key into
 //! `keys[row]` (an atomic maximum) and takes an acq_rel ticket on
@@ -42,6 +45,10 @@ trait Elem {
     const LANES: u32;
     /// Visits the `LANES` tokens of a loaded vector starting at token `j`.
     fn visit_vec(v: [u32; 4], j: u32, race: &mut Race);
+    /// Visits a thread's round of four vectors, vector `i` read by `v(i)`
+    /// and starting at token `j[i]`, ignored unless `valid[i]`, four
+    /// groups' Philox calls at a time ([`Race::visit16`]).
+    fn visit_round(v: impl Fn(u32) -> [u32; 4], j: [u32; 4], valid: [bool; 4], race: &mut Race);
     /// The largest logit of a loaded vector starting at token `j`, and its
     /// token (NaN never chosen; -inf with token `j` when every logit is NaN
     /// or -inf).
@@ -67,6 +74,10 @@ impl Elem for F32 {
             f32::from_bits(v[3]),
         ];
         race.visit4(x, j);
+    }
+    #[inline(always)]
+    fn visit_round(v: impl Fn(u32) -> [u32; 4], j: [u32; 4], valid: [bool; 4], race: &mut Race) {
+        race.visit16(|i| v(i as u32).map(f32::from_bits), j, valid);
     }
     #[inline(always)]
     fn max_token(v: [u32; 4], j: u32) -> (f32, u32) {
@@ -105,6 +116,33 @@ impl Elem for Bf16 {
         ];
         race.visit4(lo, j);
         race.visit4(hi, j + 4);
+    }
+    #[inline(always)]
+    fn visit_round(v: impl Fn(u32) -> [u32; 4], j: [u32; 4], valid: [bool; 4], race: &mut Race) {
+        let half = |w0: u32, w1: u32| {
+            [
+                bf16_to_f32(w0 as u16),
+                bf16_to_f32((w0 >> 16) as u16),
+                bf16_to_f32(w1 as u16),
+                bf16_to_f32((w1 >> 16) as u16),
+            ]
+        };
+        race.visit16(
+            |i| {
+                let w = v(i as u32);
+                half(w[0], w[1])
+            },
+            j,
+            valid,
+        );
+        race.visit16(
+            |i| {
+                let w = v(i as u32);
+                half(w[2], w[3])
+            },
+            [j[0] + 4, j[1] + 4, j[2] + 4, j[3] + 4],
+            valid,
+        );
     }
     #[inline(always)]
     fn max_token(v: [u32; 4], j: u32) -> (f32, u32) {
@@ -207,7 +245,7 @@ unsafe fn visit_slot<E: Elem>(slot: u32, v: u32, nvec: u32, lo: u32, race: &mut 
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
+unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool, const WIDE: bool>(
     logits: *const u8,
     temperature: *const f32,
     seed: *const u64,
@@ -344,22 +382,39 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool>(
                 // Written out (a loop stayed rolled, one group's code a
                 // turn).
                 let v = base + tid;
-                visit_slot::<E>(here, v, nvec, lo, &mut race);
-                visit_slot::<E>(here + SLOT_STRIDE, v + ROW_THREADS, nvec, lo, &mut race);
-                visit_slot::<E>(
-                    here + 2 * SLOT_STRIDE,
-                    v + 2 * ROW_THREADS,
-                    nvec,
-                    lo,
-                    &mut race,
-                );
-                visit_slot::<E>(
-                    here + 3 * SLOT_STRIDE,
-                    v + 3 * ROW_THREADS,
-                    nvec,
-                    lo,
-                    &mut race,
-                );
+                if WIDE {
+                    // Vectors past the chunk were not copied: their slots
+                    // are not read.
+                    let vs = [v, v + ROW_THREADS, v + 2 * ROW_THREADS, v + 3 * ROW_THREADS];
+                    E::visit_round(
+                        |i| arch::ld_shared_v4_u32(here + i * SLOT_STRIDE),
+                        [
+                            lo + vs[0] * lanes,
+                            lo + vs[1] * lanes,
+                            lo + vs[2] * lanes,
+                            lo + vs[3] * lanes,
+                        ],
+                        [vs[0] < nvec, vs[1] < nvec, vs[2] < nvec, vs[3] < nvec],
+                        &mut race,
+                    );
+                } else {
+                    visit_slot::<E>(here, v, nvec, lo, &mut race);
+                    visit_slot::<E>(here + SLOT_STRIDE, v + ROW_THREADS, nvec, lo, &mut race);
+                    visit_slot::<E>(
+                        here + 2 * SLOT_STRIDE,
+                        v + 2 * ROW_THREADS,
+                        nvec,
+                        lo,
+                        &mut race,
+                    );
+                    visit_slot::<E>(
+                        here + 3 * SLOT_STRIDE,
+                        v + 3 * ROW_THREADS,
+                        nvec,
+                        lo,
+                        &mut race,
+                    );
+                }
                 base += UNROLL * ROW_THREADS;
                 if base >= nvec {
                     break;
@@ -433,7 +488,7 @@ unsafe fn finish_row(
 }
 
 macro_rules! sampling_entry {
-    ($name:ident, $elem:ty, $seeded:literal, $t:ty, $what:literal) => {
+    ($name:ident, $elem:ty, $seeded:literal, $wide:literal, $t:ty, $what:literal) => {
         #[doc = concat!("`sampling_from_logits` over ", $what, " logits (see the module docs).")]
         ///
         /// # Safety
@@ -453,7 +508,7 @@ macro_rules! sampling_entry {
         ) {
             // SAFETY: forwarded launch contract.
             unsafe {
-                sampling_from_logits::<$elem, $seeded>(
+                sampling_from_logits::<$elem, $seeded, $wide>(
                     logits as *const u8,
                     temperature,
                     seed,
@@ -469,12 +524,13 @@ macro_rules! sampling_entry {
     };
 }
 
-sampling_entry!(sampling_from_logits_f32, F32, false, f32, "f32");
-sampling_entry!(sampling_from_logits_bf16, Bf16, false, u16, "bf16");
+sampling_entry!(sampling_from_logits_f32, F32, false, false, f32, "f32");
+sampling_entry!(sampling_from_logits_bf16, Bf16, false, false, u16, "bf16");
 sampling_entry!(
     sampling_from_logits_seeded_f32,
     F32,
     true,
+    false,
     f32,
     "f32, for blocks of several rounds (filters seeded first),"
 );
@@ -482,8 +538,25 @@ sampling_entry!(
     sampling_from_logits_seeded_bf16,
     Bf16,
     true,
+    false,
     u16,
     "bf16, for blocks of several rounds (filters seeded first),"
+);
+sampling_entry!(
+    sampling_from_logits_wide_f32,
+    F32,
+    true,
+    true,
+    f32,
+    "f32, for grids of at most two blocks a multiprocessor with several rounds a block (four Philox calls at a time),"
+);
+sampling_entry!(
+    sampling_from_logits_wide_bf16,
+    Bf16,
+    true,
+    true,
+    u16,
+    "bf16, for grids of at most two blocks a multiprocessor with several rounds a block (four Philox calls at a time),"
 );
 
 /// Test kernel: the largest `|gumbel_approx(w) - gumbel_from_bits(w)|` over
