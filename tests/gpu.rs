@@ -414,9 +414,9 @@ fn sanitize_sampling_paths() {
     // loads where rows are 16-byte aligned and V is a multiple of the
     // vector's lanes (8192, 1000, 100000, 9000), scalar loads elsewhere.
     // Blocks of several rounds take the wide kernels while the grid fits in
-    // two blocks a multiprocessor (100000 x 64: about 16672 elements a
+    // four blocks a multiprocessor (100000 x 64: about 16672 elements a
     // block on an H200, above 8192 on any GPU of up to 260 SMs), the seeded
-    // kernels past it (9000 x 600: one block a row, more rows than two a
+    // kernels past it (9000 x 1200: one block a row, more rows than four a
     // multiprocessor on any GPU of up to 299 SMs).
     for (vocab, batch, kernel) in [
         (111, 1, ""),
@@ -426,7 +426,7 @@ fn sanitize_sampling_paths() {
         (1000, 700, ""),
         (20_001, 5, ""),
         (100_000, 64, "wide_"),
-        (9000, 600, "seeded_"),
+        (9000, 1200, "seeded_"),
     ] {
         let b = Batch::random(&mut rng, batch, vocab);
         let d = stream.clone_htod(&b.logits).unwrap();

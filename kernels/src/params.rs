@@ -37,10 +37,11 @@ pub const ROW_THREADS: u32 = 256;
 pub const SAMPLING_BLOCKS_PER_SM: u32 = 4;
 
 /// Resident blocks per multiprocessor the wide sampling kernels
-/// (`sampling_from_logits_wide_*`) are built for: grids of at most this
-/// many blocks a multiprocessor (small and middle batches, one wave), where
-/// few warps a scheduler leave a single Philox chain latency-bound; their
-/// threads make four groups' Philox calls at a time in up to 128 registers.
+/// (`sampling_from_logits_wide_*`) are built for; the host gives them the
+/// grids of multi-round blocks that fit in one wave of the seeded kernels
+/// ([`SAMPLING_BLOCKS_PER_SM`] a multiprocessor), where few warps a
+/// scheduler leave a single Philox chain latency-bound. Their threads make
+/// four groups' Philox calls at a time in up to 128 registers.
 pub const SAMPLING_WIDE_BLOCKS_PER_SM: u32 = 2;
 
 /// 16-byte vectors a thread of the sampling kernels loads a round.

@@ -9,9 +9,9 @@
 //! score among a few tokens (same tokens, same bits) and stage their rounds
 //! in shared memory ([`crate::params::SAMPLING_STAGES`]); the others load
 //! their one round into registers. `sampling_from_logits_wide_*` are the
-//! seeded kernels for grids of at most
-//! [`crate::params::SAMPLING_WIDE_BLOCKS_PER_SM`] blocks a multiprocessor,
-//! whose threads make four groups' Philox calls at a time.
+//! seeded kernels for grids of one wave of them (the host's choice), built
+//! for [`crate::params::SAMPLING_WIDE_BLOCKS_PER_SM`] blocks a
+//! multiprocessor, whose threads make four groups' Philox calls at a time.
 //!
 //! # Launch
 //! Grid `(split.ctas_per_row, split.batch)`, block [`ROW_THREADS`], dynamic
@@ -548,7 +548,7 @@ sampling_entry!(
     true,
     true,
     f32,
-    "f32, for grids of at most two blocks a multiprocessor with several rounds a block (four Philox calls at a time),"
+    "f32, for one-wave grids of blocks of several rounds (four Philox calls at a time),"
 );
 sampling_entry!(
     sampling_from_logits_wide_bf16,
@@ -556,7 +556,7 @@ sampling_entry!(
     true,
     true,
     u16,
-    "bf16, for grids of at most two blocks a multiprocessor with several rounds a block (four Philox calls at a time),"
+    "bf16, for one-wave grids of blocks of several rounds (four Philox calls at a time),"
 );
 
 /// Test kernel: the largest `|gumbel_approx(w) - gumbel_from_bits(w)|` over
