@@ -102,35 +102,15 @@ impl Elem for Bf16 {
     const BYTES: usize = 2;
     #[inline(always)]
     fn visit_vec(v: [u32; 4], j: u32, race: &mut Race) {
-        let lo = [
-            bf16_to_f32(v[0] as u16),
-            bf16_to_f32((v[0] >> 16) as u16),
-            bf16_to_f32(v[1] as u16),
-            bf16_to_f32((v[1] >> 16) as u16),
-        ];
-        let hi = [
-            bf16_to_f32(v[2] as u16),
-            bf16_to_f32((v[2] >> 16) as u16),
-            bf16_to_f32(v[3] as u16),
-            bf16_to_f32((v[3] >> 16) as u16),
-        ];
-        race.visit4(lo, j);
-        race.visit4(hi, j + 4);
+        race.visit4(widen4(v[0], v[1]), j);
+        race.visit4(widen4(v[2], v[3]), j + 4);
     }
     #[inline(always)]
     fn visit_round(v: impl Fn(u32) -> [u32; 4], j: [u32; 4], valid: [bool; 4], race: &mut Race) {
-        let half = |w0: u32, w1: u32| {
-            [
-                bf16_to_f32(w0 as u16),
-                bf16_to_f32((w0 >> 16) as u16),
-                bf16_to_f32(w1 as u16),
-                bf16_to_f32((w1 >> 16) as u16),
-            ]
-        };
         race.visit16(
             |i| {
                 let w = v(i as u32);
-                half(w[0], w[1])
+                widen4(w[0], w[1])
             },
             j,
             valid,
@@ -138,7 +118,7 @@ impl Elem for Bf16 {
         race.visit16(
             |i| {
                 let w = v(i as u32);
-                half(w[2], w[3])
+                widen4(w[2], w[3])
             },
             [j[0] + 4, j[1] + 4, j[2] + 4, j[3] + 4],
             valid,
@@ -164,6 +144,17 @@ impl Elem for Bf16 {
         // SAFETY: caller's contract.
         bf16_to_f32(unsafe { arch::ld_global_nc_u16(p as *const u16) })
     }
+}
+
+/// The four bf16 logits of two words, low half first.
+#[inline(always)]
+fn widen4(w0: u32, w1: u32) -> [f32; 4] {
+    [
+        bf16_to_f32(w0 as u16),
+        bf16_to_f32((w0 >> 16) as u16),
+        bf16_to_f32(w1 as u16),
+        bf16_to_f32((w1 >> 16) as u16),
+    ]
 }
 
 /// Vectors a thread loads a round.
