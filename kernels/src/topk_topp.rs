@@ -94,7 +94,7 @@ const WARPS: usize = (ROW_THREADS / 32) as usize;
 const REDUCE_BYTES: usize = 1024;
 
 const _: () = assert!(core::mem::size_of::<QuadAcc<f64>>() * WARPS <= REDUCE_BYTES);
-const _: () = assert!(core::mem::size_of::<Tiers>() * WARPS <= REDUCE_BYTES);
+const _: () = assert!((core::mem::size_of::<Tiers>() + 4) * WARPS <= REDUCE_BYTES);
 const _: () = assert!((WARPS + 1) * 8 <= REDUCE_BYTES);
 // The butterfly over the warps' results stays inside a warp.
 const _: () = assert!(WARPS.is_power_of_two() && WARPS <= 32);
@@ -192,6 +192,19 @@ impl ShflMeasure for f64 {
     }
 }
 
+/// The sum over the warp by a butterfly, to every lane (every lane must
+/// call it): the same bits in every lane, and those of the butterfly over
+/// a whole [`Reduce`] value whose merge adds this field.
+#[inline(always)]
+fn warp_sum_f32(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x += shfl_f32(x, m);
+        m >>= 1;
+    }
+    x
+}
+
 impl Reduce for RowStats {
     #[inline(always)]
     fn shfl(&self, m: u32) -> Self {
@@ -206,6 +219,19 @@ impl Reduce for RowStats {
     #[inline(always)]
     fn merge_with(&mut self, o: &Self) {
         self.merge(o);
+    }
+
+    /// The integers by one `redux.sync` each (exact, so the butterfly's
+    /// values), the sums by the butterfly.
+    #[inline(always)]
+    fn warp_merge(self) -> Self {
+        RowStats {
+            max_key: arch::redux_max_u32(self.max_key),
+            n_posinf: arch::redux_add_u32(self.n_posinf),
+            n_finite: arch::redux_add_u32(self.n_finite),
+            sum: warp_sum_f32(self.sum),
+            sum_sq: warp_sum_f32(self.sum_sq),
+        }
     }
 }
 
@@ -292,6 +318,18 @@ impl Reduce for Group {
     fn merge_with(&mut self, o: &Self) {
         *self = self.join(*o);
     }
+
+    /// The count and key range by one `redux.sync` each (exact, so the
+    /// butterfly's values), the mass by the butterfly.
+    #[inline(always)]
+    fn warp_merge(self) -> Self {
+        Group {
+            n: arch::redux_add_u32(self.n),
+            min: arch::redux_min_u32(self.min),
+            max: arch::redux_max_u32(self.max),
+            mass: self.mass.warp_sum(),
+        }
+    }
 }
 
 /// The pre-filter's nested candidate sets among min-p's survivors: keys
@@ -327,6 +365,15 @@ impl Reduce for Tiers {
         self.s1.merge_with(&o.s1);
         self.s2.merge_with(&o.s2);
         self.all.merge_with(&o.all);
+    }
+
+    #[inline(always)]
+    fn warp_merge(self) -> Self {
+        Tiers {
+            s1: self.s1.warp_merge(),
+            s2: self.s2.warp_merge(),
+            all: self.all.warp_merge(),
+        }
     }
 }
 
@@ -456,6 +503,56 @@ unsafe fn block_exclusive_scan(v: u32, smem: *mut u32) -> (u32, u32) {
         }
         arch::bar_sync();
         (before.wrapping_add(inclusive).wrapping_sub(v), total)
+    }
+}
+
+/// [`block_exclusive_scan`] of `v` (this thread's exclusive prefix) and
+/// [`block_reduce`] of `t`, to every thread, over one pair of barriers
+/// instead of two.
+///
+/// # Safety
+/// As [`block_reduce`] (`smem`: `WARPS` slots of `T`, then `WARPS` u32).
+#[inline(always)]
+unsafe fn block_scan_reduce<T: Reduce>(v: u32, t: T, smem: *mut u8) -> (u32, T) {
+    let tid = arch::thread_idx_x();
+    let (lane, warp) = (tid % 32, (tid / 32) as usize);
+    let mut inclusive = v;
+    let mut d = 1;
+    while d < 32 {
+        let o = arch::shfl_up_u32(inclusive, d);
+        if lane >= d {
+            inclusive = inclusive.wrapping_add(o);
+        }
+        d <<= 1;
+    }
+    let t = t.warp_merge();
+    // SAFETY: the slots lie below REDUCE_BYTES (caller's contract; const
+    // asserts for `Tiers`); barriers as in `block_reduce`.
+    unsafe {
+        let slots = smem as *mut T;
+        let counts = smem.add(WARPS * core::mem::size_of::<T>()) as *mut u32;
+        if lane == 31 {
+            *counts.add(warp) = inclusive;
+        }
+        if lane == 0 {
+            *slots.add(warp) = t;
+        }
+        arch::bar_sync();
+        let mut before = 0u32;
+        let mut w = 0;
+        while w < warp {
+            before = before.wrapping_add(*counts.add(w));
+            w += 1;
+        }
+        let mut r = *slots.add((tid % 32) as usize % WARPS);
+        let mut m = WARPS as u32 / 2;
+        while m > 0 {
+            let o = r.shfl(m);
+            r.merge_with(&o);
+            m >>= 1;
+        }
+        arch::bar_sync();
+        (before.wrapping_add(inclusive).wrapping_sub(v), r)
     }
 }
 
@@ -1861,8 +1958,9 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
                 p += 1;
             });
         }
-        let (mut at, total) = block_exclusive_scan(acc.n[0], smem as *mut u32);
-        let tiers = block_reduce(acc.tiers(), smem as *mut Tiers);
+        // The first tier's count is the scanned count's total.
+        let (mut at, tiers) = block_scan_reduce(acc.n[0], acc.tiers(), smem);
+        let total = tiers.s1.n;
         if tid == 0 {
             *slots.tiers(c) = tiers;
             *slots.count(c) = total;
