@@ -450,20 +450,44 @@ unsafe fn block_reduce<T: Reduce>(v: T, smem: *mut T) -> T {
             *smem.add((tid / 32) as usize) = v;
         }
         arch::bar_sync();
-        // Each lane takes one warp's result (lane mod WARPS) and a
-        // butterfly over those WARPS lanes merges them: one slot in
-        // registers per thread, where a loop over the slots had the
-        // compiler load all of them at once (144 registers for `Tiers`).
-        let mut r = *smem.add((tid % 32) as usize % WARPS);
-        let mut m = WARPS as u32 / 2;
-        while m > 0 {
-            let o = r.shfl(m);
-            r.merge_with(&o);
-            m >>= 1;
-        }
+        let r = merge_over_warps(*smem.add((tid % 32) as usize % WARPS));
         arch::bar_sync();
         r
     }
+}
+
+/// The merge of the block's `WARPS` per-warp results, to every thread,
+/// from `mine`, the result of warp `lane % WARPS` (read by the caller from
+/// the slots): a butterfly over those `WARPS` lanes (one slot in registers
+/// per thread, where a loop over the slots had the compiler load all of
+/// them at once: 144 registers for `Tiers`). Every lane must call it.
+#[inline(always)]
+fn merge_over_warps<T: Reduce>(mine: T) -> T {
+    let mut r = mine;
+    let mut m = WARPS as u32 / 2;
+    while m > 0 {
+        let o = r.shfl(m);
+        r.merge_with(&o);
+        m >>= 1;
+    }
+    r
+}
+
+/// The inclusive prefix sum of `v` over the lanes of the warp, in lane
+/// order (every lane must call it).
+#[inline(always)]
+fn warp_inclusive_scan(v: u32) -> u32 {
+    let lane = arch::thread_idx_x() % 32;
+    let mut inclusive = v;
+    let mut d = 1;
+    while d < 32 {
+        let o = arch::shfl_up_u32(inclusive, d);
+        if lane >= d {
+            inclusive = inclusive.wrapping_add(o);
+        }
+        d <<= 1;
+    }
+    inclusive
 }
 
 /// The block-wide exclusive prefix sum of `v` in thread order, and the
@@ -475,15 +499,7 @@ unsafe fn block_reduce<T: Reduce>(v: T, smem: *mut T) -> T {
 unsafe fn block_exclusive_scan(v: u32, smem: *mut u32) -> (u32, u32) {
     let tid = arch::thread_idx_x();
     let (lane, warp) = (tid % 32, (tid / 32) as usize);
-    let mut inclusive = v;
-    let mut d = 1;
-    while d < 32 {
-        let o = arch::shfl_up_u32(inclusive, d);
-        if lane >= d {
-            inclusive = inclusive.wrapping_add(o);
-        }
-        d <<= 1;
-    }
+    let inclusive = warp_inclusive_scan(v);
     // SAFETY: slots below WARPS (caller's contract); barriers as in
     // `block_reduce`.
     unsafe {
@@ -516,15 +532,7 @@ unsafe fn block_exclusive_scan(v: u32, smem: *mut u32) -> (u32, u32) {
 unsafe fn block_scan_reduce<T: Reduce>(v: u32, t: T, smem: *mut u8) -> (u32, T) {
     let tid = arch::thread_idx_x();
     let (lane, warp) = (tid % 32, (tid / 32) as usize);
-    let mut inclusive = v;
-    let mut d = 1;
-    while d < 32 {
-        let o = arch::shfl_up_u32(inclusive, d);
-        if lane >= d {
-            inclusive = inclusive.wrapping_add(o);
-        }
-        d <<= 1;
-    }
+    let inclusive = warp_inclusive_scan(v);
     let t = t.warp_merge();
     // SAFETY: the slots lie below REDUCE_BYTES (caller's contract; const
     // asserts for `Tiers`); barriers as in `block_reduce`.
@@ -544,13 +552,7 @@ unsafe fn block_scan_reduce<T: Reduce>(v: u32, t: T, smem: *mut u8) -> (u32, T) 
             before = before.wrapping_add(*counts.add(w));
             w += 1;
         }
-        let mut r = *slots.add((tid % 32) as usize % WARPS);
-        let mut m = WARPS as u32 / 2;
-        while m > 0 {
-            let o = r.shfl(m);
-            r.merge_with(&o);
-            m >>= 1;
-        }
+        let r = merge_over_warps(*slots.add((tid % 32) as usize % WARPS));
         arch::bar_sync();
         (before.wrapping_add(inclusive).wrapping_sub(v), r)
     }
