@@ -280,13 +280,10 @@ impl Race {
             self.visit_greedy(x[2], j + 2);
             self.visit_greedy(x[3], j + 3);
         } else {
-            // The largest scaled logit of the four: scaling by `inv_t > 0`
-            // and rounding are monotone, so it is the largest of the four
-            // products, which are formed only for a group that passes.
-            let top = x[0].max(x[1]).max(x[2].max(x[3])) * self.inv_t;
+            let top = self.scaled_top(x);
             // No noise can lift any of the four to the threshold: skip the
             // Philox call (typical of real, peaked logits at T <= 1).
-            if top + NOISE_CAP < self.thr {
+            if self.out_of_reach(top) {
                 return;
             }
             let r = philox::token_noise_group(self.key, self.offset, j >> 2);
@@ -335,14 +332,13 @@ impl Race {
         }
         let top = |i: usize| {
             if valid[i] {
-                let x = x(i);
-                x[0].max(x[1]).max(x[2].max(x[3])) * self.inv_t
+                self.scaled_top(x(i))
             } else {
                 f32::NEG_INFINITY
             }
         };
         let tops = [top(0), top(1), top(2), top(3)];
-        let need = |i: usize| valid[i] && !(tops[i] + NOISE_CAP < self.thr);
+        let need = |i: usize| valid[i] && !self.out_of_reach(tops[i]);
         let need = [need(0), need(1), need(2), need(3)];
         if !(need[0] | need[1] | need[2] | need[3]) {
             return;
@@ -369,6 +365,21 @@ impl Race {
         if pass(3, self.thr) {
             self.visit_passed(x(3), r[3], j[3]);
         }
+    }
+
+    /// The largest scaled logit of a group of four: scaling by `inv_t > 0`
+    /// and rounding are monotone, so it is the largest of the four
+    /// products, which are formed only for a group that passes.
+    #[inline(always)]
+    fn scaled_top(&self, x: [f32; 4]) -> f32 {
+        x[0].max(x[1]).max(x[2].max(x[3])) * self.inv_t
+    }
+
+    /// Whether no noise can lift a group whose largest scaled logit is
+    /// `top` to the threshold (its Philox call is skipped).
+    #[inline(always)]
+    fn out_of_reach(&self, top: f32) -> bool {
+        top + NOISE_CAP < self.thr
     }
 
     /// The per-token tests of a group of four tokens from `j` whose noise
