@@ -66,7 +66,6 @@
 
 use core::intrinsics::fmaf32;
 
-use crate::noise::ln_f32;
 use crate::radix::{f32_from_key, f32_key};
 
 // ---------------------------------------------------------------------------
@@ -446,21 +445,6 @@ impl RowStats {
     }
 }
 
-/// `ln x` for any `x > 0` (subnormals included); -inf for `x <= 0` or NaN.
-#[inline(always)]
-fn ln_any(x: f32) -> f32 {
-    if x.is_nan() || x <= 0.0 {
-        f32::NEG_INFINITY
-    } else if x < f32::MIN_POSITIVE {
-        // 2^64 scaling keeps ln_f32 on normal numbers.
-        ln_f32(x * 18_446_744_073_709_551_616.0) - 64.0 * core::f32::consts::LN_2
-    } else if x.is_infinite() {
-        f32::INFINITY
-    } else {
-        ln_f32(x)
-    }
-}
-
 /// `e^y` for any f32 `y`, within about two ulps (0 below -104, +inf above
 /// 88.8, NaN for NaN): `2^n e^r` with `|r| <= ln 2 / 2` and a degree-7
 /// Taylor polynomial, scaled in two steps so subnormal results are right.
@@ -501,16 +485,18 @@ pub fn exp_f32(y: f32) -> f32 {
 /// The row's softmax weights and min-p rule after temperature: weight
 /// `w(x) = e^((x - max) / T)` for finite `x` (largest weight 1), 0 for NaN
 /// and -inf; in a row with +inf entries `w = 1` on them and 0 elsewhere.
-/// min-p keeps `w(x) >= min_p` as `(x - max) / T >= ln(min_p)`, monotone
-/// in `x`, so it keeps a prefix of the total order.
+/// min-p keeps `w(x) >= min_p` as `(x - max) / T >= ln(min_p)` evaluated
+/// in f64 (the float64 reference's `e^((x - max) / T) >= min_p` up to the
+/// f64 rounding of `ln` and `exp`), monotone in `x`, so it keeps a prefix
+/// of the total order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Weights {
     /// The row's largest logit.
     pub max: f32,
     /// Temperature (> 0).
     pub temperature: f32,
-    /// `ln(min_p)`; -inf when min-p is off (keeps NaN and -inf too).
-    pub ln_min_p: f32,
+    /// `min_p` in `(0, 1]`; 0 when min-p is off (keeps NaN and -inf too).
+    pub min_p: f32,
 }
 
 impl Weights {
@@ -521,7 +507,13 @@ impl Weights {
         Weights {
             max,
             temperature,
-            ln_min_p: ln_any(if min_p > 1.0 { 1.0 } else { min_p }),
+            min_p: if min_p > 1.0 {
+                1.0
+            } else if min_p > 0.0 {
+                min_p
+            } else {
+                0.0
+            },
         }
     }
 
@@ -538,27 +530,28 @@ impl Weights {
     }
 
     /// The smallest key min-p keeps: `min_p_keeps(x)` exactly when
-    /// `f32_key(x.to_bits()) >= min_p_key()`, since both rounding steps of
-    /// the test are monotone in `x` (and NaN has the key of -inf, which the
-    /// test treats alike). A binary search over the keys from -inf to
-    /// +inf, once per row, so that a pass tests an integer per element
-    /// instead of dividing by the temperature.
+    /// `f32_key(x.to_bits()) >= min_p_key()`, since the test is monotone in
+    /// `x` (and NaN has the key of -inf, which the test treats alike). A
+    /// binary search over the keys from -inf to +inf, once per row, so that
+    /// a pass tests an integer per element instead of dividing by the
+    /// temperature.
     pub fn min_p_key(&self) -> u32 {
-        if self.min_p_keeps(f32::NEG_INFINITY) {
+        let ln_min_p = self.ln_min_p();
+        if self.keeps_with(f32::NEG_INFINITY, ln_min_p) {
             return 0;
         }
         let (mut lo, mut hi) = (
             f32_key(f32::NEG_INFINITY.to_bits()),
             f32_key(f32::INFINITY.to_bits()),
         );
-        if !self.min_p_keeps(f32::INFINITY) {
+        if !self.keeps_with(f32::INFINITY, ln_min_p) {
             // Nothing is kept; no element has a key above that of +inf.
             return hi.saturating_add(1);
         }
         // Invariant: keeps(lo) is false, keeps(hi) is true.
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if self.min_p_keeps(f32::from_bits(f32_from_key(mid))) {
+            if self.keeps_with(f32::from_bits(f32_from_key(mid)), ln_min_p) {
                 hi = mid;
             } else {
                 lo = mid;
@@ -567,15 +560,30 @@ impl Weights {
         hi
     }
 
-    /// Whether min-p keeps logit `x`.
+    /// Whether min-p keeps logit `x` (one `ln` per call: passes over a row
+    /// test `min_p_key` instead).
     #[inline(always)]
     pub fn min_p_keeps(&self, x: f32) -> bool {
-        if self.ln_min_p == f32::NEG_INFINITY {
+        self.keeps_with(x, self.ln_min_p())
+    }
+
+    /// `ln(min_p)` in f64; -inf when min-p is off.
+    #[inline(always)]
+    fn ln_min_p(&self) -> f64 {
+        const_ln(f64::from(self.min_p))
+    }
+
+    /// [`Weights::min_p_keeps`] given `ln_min_p = self.ln_min_p()`: the
+    /// difference of two f32 is exact in f64, and the division by the
+    /// temperature rounds monotonically.
+    #[inline(always)]
+    fn keeps_with(&self, x: f32, ln_min_p: f64) -> bool {
+        if ln_min_p == f64::NEG_INFINITY {
             true
         } else if self.max == f32::INFINITY {
             x == f32::INFINITY
         } else {
-            (x - self.max) / self.temperature >= self.ln_min_p
+            (f64::from(x) - f64::from(self.max)) / f64::from(self.temperature) >= ln_min_p
         }
     }
 }
@@ -1301,12 +1309,13 @@ pub fn select_row(row: &[f32], params: &RowParams) -> Selection {
     } = plan;
 
     // Pass 2: min-p's survivors by tier: `>= t1`, `[t2, t1)`, `< t2`.
+    let min_key = w.min_p_key();
     let mut tiers = [Group::EMPTY; 3];
     for &x in row {
-        if !w.min_p_keeps(x) {
+        let key = f32_key(x.to_bits());
+        if key < min_key {
             continue;
         }
-        let key = f32_key(x.to_bits());
         let mass = if topp && !topk {
             f64::from(w.weight(x))
         } else {
@@ -1323,7 +1332,7 @@ pub fn select_row(row: &[f32], params: &RowParams) -> Selection {
         out.prefilter = tier;
     }
     out.candidates = cand.n;
-    let is_cand = |key: u32, x: f32| key >= floor && w.min_p_keeps(x);
+    let is_cand = |key: u32, _: f32| key >= floor && key >= min_key;
 
     // Top-k.
     let mut cut = Cut::at_least(cand.min);
@@ -1436,7 +1445,9 @@ mod tests {
                     specials[i]
                 } else if i % 3 == 0 && max.is_finite() {
                     // Near the threshold.
-                    max + w.ln_min_p * temperature * (1.0 + ((rng.unit() - 0.5) * 1e-5) as f32)
+                    max + (const_ln(f64::from(w.min_p)) as f32)
+                        * temperature
+                        * (1.0 + ((rng.unit() - 0.5) * 1e-5) as f32)
                 } else {
                     ((rng.unit() - 0.5) * 400.0) as f32
                 };
@@ -1447,6 +1458,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// min-p agrees with the float64 reference's rule, `e^((x - max) / T)
+    /// >= min_p` in f64, on logits within a few f32 ulps of the threshold,
+    /// where an f32 evaluation of `(x - max) / T >= ln(min_p)` can fall on
+    /// either side (session 17: one row of a GPU test kept one element more
+    /// than the reference).
+    #[test]
+    fn min_p_agrees_with_the_float64_rule_at_its_threshold() {
+        let mut rng = Rng(0x5eed_0017);
+        let mut near = 0;
+        for case in 0..4000 {
+            let max = ((rng.unit() - 0.5) * 40.0) as f32;
+            let temperature = [0.3f32, 0.7, 1.0, 1.3, 2.0][case % 5];
+            let min_p = [0.05f32, 0.1, 0.01, 0.3, 1.0e-4][(case / 5) % 5];
+            let w = Weights::new(max, temperature, min_p);
+            let key = w.min_p_key();
+            let t = f64::from(max) + f64::from(temperature) * f64::from(min_p).ln();
+            let mut x = t as f32;
+            for _ in 0..8 {
+                x = f32::from_bits(x.to_bits().wrapping_sub(1));
+            }
+            for _ in 0..16 {
+                let d = (f64::from(x) - f64::from(max)) / f64::from(temperature);
+                let want = d.exp() >= f64::from(min_p);
+                assert_eq!(
+                    w.min_p_keeps(x),
+                    want,
+                    "max {max} T {temperature} min_p {min_p} x {x}"
+                );
+                assert_eq!(f32_key(x.to_bits()) >= key, want);
+                near += usize::from(want);
+                x = f32::from_bits(x.to_bits().wrapping_add(1));
+            }
+        }
+        assert!(near > 0);
     }
 
     /// splitmix64.
