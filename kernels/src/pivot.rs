@@ -1460,11 +1460,11 @@ mod tests {
         }
     }
 
-    /// min-p agrees with the float64 reference's rule, `e^((x - max) / T)
-    /// >= min_p` in f64, on logits within a few f32 ulps of the threshold,
-    /// where an f32 evaluation of `(x - max) / T >= ln(min_p)` can fall on
-    /// either side (session 17: one row of a GPU test kept one element more
-    /// than the reference).
+    /// min-p agrees with the float64 reference's rule (in f64,
+    /// `e^((x - max) / T) >= min_p`) on logits within a few f32 ulps of the
+    /// threshold, where an f32 evaluation of `(x - max) / T >= ln(min_p)`
+    /// can fall on either side (session 17: one row of a GPU test kept one
+    /// element more than the reference).
     #[test]
     fn min_p_agrees_with_the_float64_rule_at_its_threshold() {
         let mut rng = Rng(0x5eed_0017);
