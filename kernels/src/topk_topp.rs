@@ -81,8 +81,8 @@ use crate::params::{
 };
 use crate::philox;
 use crate::pivot::{
-    Cut, Found, Group, Measure, Pivots, Plan, QuadAcc, QuadSearch, RowParams, RowStats, Weights,
-    index_key, top_p_ties,
+    Cut, Found, Group, Measure, Pivots, Plan, Prefilter, QuadAcc, QuadSearch, RowParams, RowStats,
+    Weights, index_key, top_p_ties,
 };
 use crate::radix::{f32_from_key, f32_key};
 
@@ -332,23 +332,85 @@ impl Reduce for Group {
     }
 }
 
+/// Count and softmax mass of one of the pre-filter's candidate sets (its
+/// key range is known without a scan: [`Tiers::groups`]).
+#[derive(Clone, Copy)]
+struct Tier {
+    n: u32,
+    mass: f64,
+}
+
+impl Reduce for Tier {
+    #[inline(always)]
+    fn shfl(&self, m: u32) -> Self {
+        Tier {
+            n: arch::shfl_bfly_u32(self.n, m),
+            mass: shfl_f64(self.mass, m),
+        }
+    }
+    #[inline(always)]
+    fn merge_with(&mut self, o: &Self) {
+        self.n = self.n.wrapping_add(o.n);
+        self.mass += o.mass;
+    }
+
+    /// The count by one `redux.sync` (exact, so the butterfly's value), the
+    /// mass by the butterfly.
+    #[inline(always)]
+    fn warp_merge(self) -> Self {
+        Tier {
+            n: arch::redux_add_u32(self.n),
+            mass: self.mass.warp_sum(),
+        }
+    }
+}
+
 /// The pre-filter's nested candidate sets among min-p's survivors: keys
 /// `>= t1`, keys `>= t2` (`t2 <= t1`), and all of them. Three named fields
 /// rather than an array indexed by the tier, which would live in local
 /// memory.
 #[derive(Clone, Copy)]
 struct Tiers {
-    s1: Group,
-    s2: Group,
-    all: Group,
+    s1: Tier,
+    s2: Tier,
+    all: Tier,
 }
 
 impl Tiers {
     const EMPTY: Tiers = Tiers {
-        s1: Group::EMPTY,
-        s2: Group::EMPTY,
-        all: Group::EMPTY,
+        s1: Tier { n: 0, mass: 0.0 },
+        s2: Tier { n: 0, mass: 0.0 },
+        all: Tier { n: 0, mass: 0.0 },
     };
+
+    /// The floor and group of [`Plan::candidates`] of the row planned by
+    /// `rp`, the group's key range bounded rather than scanned: from the
+    /// set's least key (`rp.keys`: its threshold, at least min-p's key;
+    /// every element of the row from there up is in the set) up to the
+    /// row's largest (which every non-empty set holds). A pivot search or a
+    /// histogram over the bounds finds the same elements, and the pass over
+    /// every element no longer tracks three key ranges.
+    #[inline(always)]
+    fn candidates(&self, rp: &RowPlan) -> (u32, Group) {
+        let g = |t: Tier| Group {
+            n: t.n,
+            min: 0,
+            max: 0,
+            mass: t.mass,
+        };
+        let (floor, mut cand, tier) = rp.plan.candidates(g(self.s1), g(self.s2), g(self.all));
+        if cand.n > 0 {
+            cand.min = match tier {
+                Prefilter::Hit => rp.keys[0],
+                Prefilter::HitSecondTier => rp.keys[1],
+                _ => rp.keys[2],
+            };
+            cand.max = f32_key(rp.plan.weights.max.to_bits());
+        } else {
+            (cand.min, cand.max) = (u32::MAX, 0);
+        }
+        (floor, cand)
+    }
 }
 
 impl Reduce for Tiers {
@@ -377,49 +439,37 @@ impl Reduce for Tiers {
     }
 }
 
-/// One thread's [`Tiers`] while it scans: per set a count, a least key
-/// and a mass, and one largest key (the sets are nested, so a non-empty
-/// set holds the largest key of all).
+/// One thread's [`Tiers`] while it scans: per set a count and a mass.
 #[derive(Clone, Copy)]
 struct TierScan {
     n: [u32; 3],
-    min: [u32; 3],
-    max: u32,
     mass: [f64; 3],
 }
 
 impl TierScan {
     const EMPTY: TierScan = TierScan {
         n: [0; 3],
-        min: [u32::MAX; 3],
-        max: 0,
         mass: [0.0; 3],
     };
 
-    /// Adds an element whose key passes thresholds `k[0] >= k[1] >= k[2]`
-    /// as flagged in `on` (nested: `on[0]` implies `on[1]` implies `on[2]`)
-    /// with weight `w` (0 when the masses are not needed). Constant indices
-    /// only (the arrays stay in registers).
+    /// Adds an element that passes thresholds `k[0] >= k[1] >= k[2]` as
+    /// flagged in `on` (nested: `on[0]` implies `on[1]` implies `on[2]`)
+    /// with weight `w` (`None` when the masses are not needed). Constant
+    /// indices only (the arrays stay in registers).
     #[inline(always)]
-    fn add(&mut self, on: [bool; 3], key: u32, w: Option<f64>) {
+    fn add(&mut self, on: [bool; 3], w: Option<f64>) {
         for t in 0..3 {
             self.n[t] += u32::from(on[t]);
-            let lo = if on[t] { key } else { u32::MAX };
-            self.min[t] = self.min[t].min(lo);
             if let Some(w) = w {
                 self.mass[t] += if on[t] { w } else { 0.0 };
             }
         }
-        let hi = if on[2] { key } else { 0 };
-        self.max = self.max.max(hi);
     }
 
     #[inline(always)]
     fn tiers(&self) -> Tiers {
-        let g = |t: usize| Group {
+        let g = |t: usize| Tier {
             n: self.n[t],
-            min: self.min[t],
-            max: if self.n[t] > 0 { self.max } else { 0 },
             mass: self.mass[t],
         };
         Tiers {
@@ -1123,18 +1173,20 @@ struct RowView {
     counts: ListCounts,
 }
 
-/// The row's [`RowView`] under its plan `plan` (meaningless for a row
-/// without a finite or +inf entry, whose pre-filter pass wrote nothing).
+/// The row's [`RowView`] under its plan (meaningless for a row without a
+/// finite or +inf entry, whose pre-filter pass wrote nothing).
 ///
 /// # Safety
 /// As [`block_reduce`]; the filter pass has completed.
 #[inline(always)]
-unsafe fn row_view(plan: &Plan, slots: Slots, smem: *mut u8) -> RowView {
+unsafe fn row_view(slots: Slots, smem: *mut u8) -> RowView {
     // SAFETY: caller's contract.
     unsafe {
         let mine = merge_chunks(slots, Tiers::EMPTY, |c| *slots.tiers(c));
         let tiers = block_reduce(mine, smem as *mut Tiers);
-        let (floor, cand, _) = plan.candidates(tiers.s1, tiers.s2, tiers.all);
+        // The plan read after the reduction: fewer registers held across it.
+        let rp = *slots.plan();
+        let (floor, cand) = tiers.candidates(&rp);
         RowView {
             floor,
             cand,
@@ -1232,7 +1284,7 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) ->
     unsafe {
         let rp = *slots.plan();
         let plan = rp.plan;
-        let view = row_view(&plan, slots, smem);
+        let view = row_view(slots, smem);
         if rp.flags & 1 == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
             return view;
         }
@@ -1330,7 +1382,7 @@ unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) ->
             // Every block has read the others' histograms, and the new
             // plan and lists are visible to the row's selection.
             row_sync(size);
-            return row_view(&(*slots.plan()).plan, slots, smem);
+            return row_view(slots, smem);
         }
         // Every block has read the others' histograms.
         row_sync(size);
@@ -1948,14 +2000,14 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
             chunk.scan(|ok, key, _, x| {
                 let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
                 let wx = if on[2] { f64::from(w.weight(x)) } else { 0.0 };
-                acc.add(on, key, Some(wx));
+                acc.add(on, Some(wx));
                 hits |= u32::from(on[0]) << p;
                 p += 1;
             });
         } else {
             chunk.scan(|ok, key, _, _| {
                 let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
-                acc.add(on, key, None);
+                acc.add(on, None);
                 hits |= u32::from(on[0]) << p;
                 p += 1;
             });
