@@ -378,8 +378,8 @@ pub const TOPK_TOPP_CHUNK_SMEM_BYTES: u32 = 1024 + TOPK_TOPP_CHUNK / 8;
 
 /// Resident blocks per multiprocessor the pre-filter pass
 /// (`topk_topp_filter_f32`) is compiled for: it streams the logits, so it
-/// needs the warps in flight more than the registers (4 would spill).
-pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 3;
+/// needs the warps in flight more than the registers.
+pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 4;
 
 /// Bytes of one chunk's statistics partial (`pivot::RowStats`).
 pub const TOPK_TOPP_STATS_SLOT_BYTES: usize = 24;
