@@ -149,8 +149,9 @@ pub const TENSOR_MAP_PARAMS: &[&str] = &[
 /// sampling kernels at [`params::SAMPLING_BLOCKS_PER_SM`] blocks of
 /// [`params::ROW_THREADS`] per multiprocessor (ptxas: 80 registers, no
 /// spills) and the Qrita pre-filter pass at
-/// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (76 registers instead of 104,
-/// no spills), and the fused sampler at [`params::fused_blocks_per_sm`]
+/// [`params::TOPK_TOPP_FILTER_BLOCKS_PER_SM`] (64 registers; one word
+/// spilled on sm_90 in the top-p-only scan, see `xtask`'s `SPILL_ALLOW`),
+/// and the fused sampler at [`params::fused_blocks_per_sm`]
 /// (two blocks, at most 128 registers, for batch tiles of up to 32 rows;
 /// one above; on sm_90a the 64- and 128-row kernels are warp-specialised:
 /// one block of [`params::FUSED_WS_THREADS`], at most 120 registers).
