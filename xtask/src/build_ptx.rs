@@ -34,7 +34,7 @@ const SPILL_ALLOW: &[(&str, &str, &str)] = &[
 ];
 const FILTER_SPILL: &str = "the pre-filter pass at four blocks a multiprocessor (64 registers): \
      ptxas keeps one flag word in local memory in the scan that sums the tiers' masses (rows with \
-     top-p and no top-k only; sm_90a SASS: one store and one load a round of eight 16-byte loads)";
+     top-p and no top-k only; sm_90a SASS: one store and two loads a chunk)";
 const B64_SPILL: &str = "mma.sync path at its 128-register bound: ptxas keeps two \
      loop-invariant words (8 to 16 bytes) in local memory, stored before the step loop and \
      loaded once per step after the main loop (sm_80, sm_89 and sm_90 SASS: no local access \
