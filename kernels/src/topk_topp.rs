@@ -333,7 +333,7 @@ impl Reduce for Group {
 }
 
 /// Count and softmax mass of one of the pre-filter's candidate sets (its
-/// key range is known without a scan: [`Tiers::groups`]).
+/// key range is known without a scan: [`Tiers::candidates`]).
 #[derive(Clone, Copy)]
 struct Tier {
     n: u32,
