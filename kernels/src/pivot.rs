@@ -402,6 +402,44 @@ impl RowStats {
         }
     }
 
+    /// Adds four logits in order, with the same result as four calls of
+    /// [`RowStats::add`] in that order, in fewer operations when all four are
+    /// finite: one test instead of four for the sums, and the largest key
+    /// from the largest value (`maxnum` skips NaN, whose key is -inf's;
+    /// only a largest value of zero, whose sign `maxnum` may drop, takes the
+    /// four keys).
+    #[inline(always)]
+    pub fn add4(&mut self, q: [f32; 4], shift: f32) {
+        let d = [q[0] - shift, q[1] - shift, q[2] - shift, q[3] - shift];
+        // Finite only when every difference is (an infinite or NaN logit
+        // makes it infinite or NaN; so may finite ones that overflow,
+        // which then take the general path too).
+        let all = (d[0] + d[1]) + (d[2] + d[3]);
+        if all.abs() < f32::INFINITY {
+            let top = q[0].max(q[1]).max(q[2].max(q[3]));
+            if top == 0.0 {
+                for x in q {
+                    self.max_key = self.max_key.max(f32_key(x.to_bits()));
+                }
+            } else {
+                // `f32_key` of a number (no NaN test): flip every bit of a
+                // negative one, the sign bit of a positive one.
+                let b = top.to_bits();
+                let key = b ^ (((b as i32 >> 31) as u32) | 0x8000_0000);
+                self.max_key = self.max_key.max(key);
+            }
+            self.n_finite += 4;
+            for d in d {
+                self.sum += d;
+                self.sum_sq = fmaf32(d, d, self.sum_sq);
+            }
+        } else {
+            for x in q {
+                self.add(x, shift);
+            }
+        }
+    }
+
     /// Merges another thread's statistics (same shift).
     #[inline(always)]
     pub fn merge(&mut self, o: &RowStats) {
@@ -1457,6 +1495,60 @@ mod tests {
                     "max {max} T {temperature} min_p {min_p} x {x}"
                 );
             }
+        }
+    }
+
+    /// Four logits at a time give the bits of four at a time one by one:
+    /// rows of specials (NaN, both infinities, both zeros, overflowing
+    /// sums) mixed with ordinary values, every shift kind.
+    #[test]
+    fn add4_is_four_adds() {
+        let mut rng = Rng(0x5eed_0a44);
+        let specials = [
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            -0.0,
+            0.0,
+            f32::MAX,
+            -f32::MAX,
+            f32::MIN_POSITIVE,
+            3.0e38,
+        ];
+        let bits = |s: &RowStats| {
+            (
+                s.max_key,
+                s.n_posinf,
+                s.n_finite,
+                s.sum.to_bits(),
+                s.sum_sq.to_bits(),
+            )
+        };
+        for case in 0..4000 {
+            let n = 4 * (1 + rng.below(16));
+            let rare = [0.0, 0.02, 0.3, 1.0][case % 4];
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    if rng.unit() < rare {
+                        rng.pick(&specials)
+                    } else if case % 5 == 0 {
+                        // Zeros and small integers: maxima of zero.
+                        rng.below(3) as f32 - 2.0
+                    } else {
+                        (rng.normal() * 3.0) as f32
+                    }
+                })
+                .collect();
+            let shift = RowStats::shift_of(row[0]);
+            let (mut one, mut four) = (RowStats::EMPTY, RowStats::EMPTY);
+            for &x in &row {
+                one.add(x, shift);
+            }
+            for q in row.chunks_exact(4) {
+                four.add4([q[0], q[1], q[2], q[3]], shift);
+            }
+            assert_eq!(bits(&one), bits(&four), "case {case}: {row:?}");
         }
     }
 

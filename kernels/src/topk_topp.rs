@@ -686,15 +686,31 @@ impl Row {
     /// `ptr` holds `n` readable f32; every thread of the block calls it.
     #[inline(always)]
     unsafe fn scan(&self, mut f: impl FnMut(bool, u32, u32, f32)) {
+        // SAFETY: forwarded.
+        unsafe {
+            self.scan4(|ok, width, j, q| {
+                f(ok, f32_key(q[0].to_bits()), j, q[0]);
+                if width == 4 {
+                    f(ok, f32_key(q[1].to_bits()), j + 1, q[1]);
+                    f(ok, f32_key(q[2].to_bits()), j + 2, q[2]);
+                    f(ok, f32_key(q[3].to_bits()), j + 3, q[3]);
+                }
+            })
+        }
+    }
+
+    /// [`Row::scan`] by groups: calls `f(valid, width, index, q)` with the
+    /// `width` elements of a group from row index `index` in `q[..width]`:
+    /// a 16-byte load (`width` 4) when [`Row::vectorized`], else one
+    /// element (`width` 1, `q[1..]` unspecified). The same slots in the same
+    /// order as [`Row::scan`].
+    ///
+    /// # Safety
+    /// As [`Row::scan`].
+    #[inline(always)]
+    unsafe fn scan4(&self, mut f: impl FnMut(bool, u32, u32, [f32; 4])) {
         let tid = arch::thread_idx_x();
         let base0 = self.base;
-        let mut visit4 = |ok: bool, j: u32, q: [f32; 4]| {
-            let j = base0 + j;
-            f(ok, f32_key(q[0].to_bits()), j, q[0]);
-            f(ok, f32_key(q[1].to_bits()), j + 1, q[1]);
-            f(ok, f32_key(q[2].to_bits()), j + 2, q[2]);
-            f(ok, f32_key(q[3].to_bits()), j + 3, q[3]);
-        };
         // SAFETY: every load is of an index below n (caller's contract).
         unsafe {
             if self.vectorized() {
@@ -731,14 +747,14 @@ impl Row {
                         load(v[6]),
                         load(v[7]),
                     ];
-                    visit4(v[0] < nv, 4 * v[0], q[0]);
-                    visit4(v[1] < nv, 4 * v[1], q[1]);
-                    visit4(v[2] < nv, 4 * v[2], q[2]);
-                    visit4(v[3] < nv, 4 * v[3], q[3]);
-                    visit4(v[4] < nv, 4 * v[4], q[4]);
-                    visit4(v[5] < nv, 4 * v[5], q[5]);
-                    visit4(v[6] < nv, 4 * v[6], q[6]);
-                    visit4(v[7] < nv, 4 * v[7], q[7]);
+                    f(v[0] < nv, 4, base0 + 4 * v[0], q[0]);
+                    f(v[1] < nv, 4, base0 + 4 * v[1], q[1]);
+                    f(v[2] < nv, 4, base0 + 4 * v[2], q[2]);
+                    f(v[3] < nv, 4, base0 + 4 * v[3], q[3]);
+                    f(v[4] < nv, 4, base0 + 4 * v[4], q[4]);
+                    f(v[5] < nv, 4, base0 + 4 * v[5], q[5]);
+                    f(v[6] < nv, 4, base0 + 4 * v[6], q[6]);
+                    f(v[7] < nv, 4, base0 + 4 * v[7], q[7]);
                     base = match base.checked_add(8 * ROW_THREADS) {
                         Some(b) => b,
                         None => break,
@@ -750,7 +766,7 @@ impl Row {
                     let j = base + tid;
                     let ok = j < self.n;
                     let x = if ok { *self.ptr.add(j as usize) } else { 0.0 };
-                    f(ok, f32_key(x.to_bits()), base0 + j, x);
+                    f(ok, 1, base0 + j, [x; 4]);
                     base = match base.checked_add(ROW_THREADS) {
                         Some(b) => b,
                         None => break,
@@ -1840,9 +1856,13 @@ unsafe fn stats_chunk(row: Row, c: u32, shift: f32, slots: Slots, smem: *mut u8)
     let mut st = RowStats::EMPTY;
     // SAFETY: forwarded.
     unsafe {
-        Row::chunk(row, c).scan(|ok, _, _, x| {
+        Row::chunk(row, c).scan4(|ok, width, _, q| {
             if ok {
-                st.add(x, shift)
+                if width == 4 {
+                    st.add4(q, shift)
+                } else {
+                    st.add(q[0], shift)
+                }
             }
         });
         let st = block_reduce(st, smem as *mut RowStats);
@@ -2005,11 +2025,34 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
                 p += 1;
             });
         } else {
-            chunk.scan(|ok, key, _, _| {
-                let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
-                acc.add(on, None);
-                hits |= u32::from(on[0]) << p;
-                p += 1;
+            // A group of four whose largest value is below `floor` (as a
+            // float: below it as a key too, and NaN fails the test) holds
+            // no candidate of the first two tiers, and of the third when
+            // min-p keeps everything (`k[2]` at most -inf's key, the least
+            // key of any element): one test instead of four elements'.
+            let every = k[2] <= f32_key(f32::NEG_INFINITY.to_bits());
+            let floor = f32::from_bits(f32_from_key(if every { k[1] } else { k[2] }));
+            chunk.scan4(|ok, width, _, q| {
+                let top = q[0].max(q[1]).max(q[2].max(q[3]));
+                if width == 4 && ok && top < floor {
+                    if every {
+                        acc.n[2] += 4;
+                    }
+                    p += 4;
+                } else {
+                    let mut one = |ok: bool, key: u32| {
+                        let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
+                        acc.add(on, None);
+                        hits |= u32::from(on[0]) << p;
+                        p += 1;
+                    };
+                    one(ok, f32_key(q[0].to_bits()));
+                    if width == 4 {
+                        one(ok, f32_key(q[1].to_bits()));
+                        one(ok, f32_key(q[2].to_bits()));
+                        one(ok, f32_key(q[3].to_bits()));
+                    }
+                }
             });
         }
         // The first tier's count is the scanned count's total.
