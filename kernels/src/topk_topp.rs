@@ -2025,35 +2025,53 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
                 p += 1;
             });
         } else {
-            // A group of four whose largest value is below `floor` (as a
-            // float: below it as a key too, and NaN fails the test) holds
-            // no candidate of the first two tiers, and of the third when
-            // min-p keeps everything (`k[2]` at most -inf's key, the least
-            // key of any element): one test instead of four elements'.
+            // Where comparing floats decides as comparing keys does, the
+            // tiers are tested as floats: two or three tests an element and
+            // no key (its NaN test is what made the key path's cost). That
+            // holds for each threshold that is a number above -inf other
+            // than +0 (below which -0 passes as a float but not as a key);
+            // NaN, whose key is -inf's, then fails every test as it should.
+            // The third tier is every element when min-p keeps everything
+            // (`k[2]` at most -inf's key, the least key of any element).
             let every = k[2] <= f32_key(f32::NEG_INFINITY.to_bits());
-            let floor = f32::from_bits(f32_from_key(if every { k[1] } else { k[2] }));
-            chunk.scan4(|ok, width, _, q| {
-                let top = q[0].max(q[1]).max(q[2].max(q[3]));
-                if width == 4 && ok && top < floor {
-                    if every {
-                        acc.n[2] += 4;
-                    }
-                    p += 4;
-                } else {
-                    let mut one = |ok: bool, key: u32| {
-                        let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
-                        acc.add(on, None);
-                        hits |= u32::from(on[0]) << p;
-                        p += 1;
-                    };
-                    one(ok, f32_key(q[0].to_bits()));
-                    if width == 4 {
-                        one(ok, f32_key(q[1].to_bits()));
-                        one(ok, f32_key(q[2].to_bits()));
-                        one(ok, f32_key(q[3].to_bits()));
-                    }
-                }
-            });
+            let t = k.map(|key| f32::from_bits(f32_from_key(key)));
+            let exact = |t: f32| t > f32::NEG_INFINITY && t.to_bits() != 0;
+            if exact(t[0]) && exact(t[1]) && (every || exact(t[2])) {
+                // The second and third tiers' counts without a branch (the
+                // third's a constant when it holds everything); the first
+                // tier (the list's bits) only for a group that holds one,
+                // about one warp in seven at k = 50.
+                let mut scan = |every: bool| {
+                    let in2 = |x: f32| u32::from(every || x >= t[2]);
+                    chunk.scan4(|ok, width, _, q| {
+                        if ok && width == 4 {
+                            let in1 = |x: f32| u32::from(x >= t[1]);
+                            acc.n[1] += (in1(q[0]) + in1(q[1])) + (in1(q[2]) + in1(q[3]));
+                            acc.n[2] += (in2(q[0]) + in2(q[1])) + (in2(q[2]) + in2(q[3]));
+                            if q[0].max(q[1]).max(q[2].max(q[3])) >= t[0] {
+                                for (l, &x) in q.iter().enumerate() {
+                                    let on = u32::from(x >= t[0]);
+                                    acc.n[0] += on;
+                                    hits |= on << (p + l as u32);
+                                }
+                            }
+                        } else if ok {
+                            let on = [q[0] >= t[0], q[0] >= t[1], in2(q[0]) != 0];
+                            acc.add(on, None);
+                            hits |= u32::from(on[0]) << p;
+                        }
+                        p += width;
+                    })
+                };
+                if every { scan(true) } else { scan(false) }
+            } else {
+                chunk.scan(|ok, key, _, _| {
+                    let on = [ok && key >= k[0], ok && key >= k[1], ok && key >= k[2]];
+                    acc.add(on, None);
+                    hits |= u32::from(on[0]) << p;
+                    p += 1;
+                });
+            }
         }
         // The first tier's count is the scanned count's total.
         let (mut at, tiers) = block_scan_reduce(acc.n[0], acc.tiers(), smem);
