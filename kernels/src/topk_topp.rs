@@ -439,6 +439,51 @@ impl Reduce for Tiers {
     }
 }
 
+/// The [`Tiers`]' counts alone, for rows whose masses the selection does
+/// not need (every mass 0): three `redux.sync` a warp instead of three f64
+/// butterflies.
+#[derive(Clone, Copy)]
+struct TierCounts([u32; 3]);
+
+impl TierCounts {
+    #[inline(always)]
+    fn tiers(self) -> Tiers {
+        let g = |n: u32| Tier { n, mass: 0.0 };
+        Tiers {
+            s1: g(self.0[0]),
+            s2: g(self.0[1]),
+            all: g(self.0[2]),
+        }
+    }
+}
+
+impl Reduce for TierCounts {
+    #[inline(always)]
+    fn shfl(&self, m: u32) -> Self {
+        let n = self.0;
+        TierCounts([
+            arch::shfl_bfly_u32(n[0], m),
+            arch::shfl_bfly_u32(n[1], m),
+            arch::shfl_bfly_u32(n[2], m),
+        ])
+    }
+    #[inline(always)]
+    fn merge_with(&mut self, o: &Self) {
+        self.0[0] = self.0[0].wrapping_add(o.0[0]);
+        self.0[1] = self.0[1].wrapping_add(o.0[1]);
+        self.0[2] = self.0[2].wrapping_add(o.0[2]);
+    }
+    #[inline(always)]
+    fn warp_merge(self) -> Self {
+        let n = self.0;
+        TierCounts([
+            arch::redux_add_u32(n[0]),
+            arch::redux_add_u32(n[1]),
+            arch::redux_add_u32(n[2]),
+        ])
+    }
+}
+
 /// One thread's [`Tiers`] while it scans: per set a count and a mass.
 #[derive(Clone, Copy)]
 struct TierScan {
@@ -2074,7 +2119,12 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
             }
         }
         // The first tier's count is the scanned count's total.
-        let (mut at, tiers) = block_scan_reduce(acc.n[0], acc.tiers(), smem);
+        let (mut at, tiers) = if mass_needed {
+            block_scan_reduce(acc.n[0], acc.tiers(), smem)
+        } else {
+            let (at, counts) = block_scan_reduce(acc.n[0], TierCounts(acc.n), smem);
+            (at, counts.tiers())
+        };
         let total = tiers.s1.n;
         if tid == 0 {
             *slots.tiers(c) = tiers;
