@@ -1498,9 +1498,10 @@ mod tests {
         }
     }
 
-    /// Four logits at a time give the bits of four at a time one by one:
-    /// rows of specials (NaN, both infinities, both zeros, overflowing
-    /// sums) mixed with ordinary values, every shift kind.
+    /// `add4` gives the bits of four `add`s in order: rows of specials
+    /// (NaN, both infinities, both zeros, sums that overflow) mixed with
+    /// ordinary values and small integers (largest values of zero), with
+    /// every kind of shift.
     #[test]
     fn add4_is_four_adds() {
         let mut rng = Rng(0x5eed_0a44);
