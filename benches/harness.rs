@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::{Device, Result, Workspace};
 use half::bf16;
@@ -68,6 +68,49 @@ pub fn time_us_joined(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[reps / 2])
+}
+
+/// Median over `reps` replays of one CUDA graph of the calls `f(0)` to
+/// `f(calls - 1)`, per call, in microseconds, after `warmup` replays: how
+/// an engine that captures its decoding step runs a sampler (the launch
+/// gaps of a graph, not of a stream fed by the host). `f(0)` runs once
+/// directly first, so that every workspace is sized before the capture;
+/// `calls` should cover every rotated input, or the replays read them from
+/// L2.
+pub fn time_us_graph(
+    stream: &Arc<CudaStream>,
+    calls: usize,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    f(0)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (0..calls.max(1)).try_for_each(&mut f);
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?;
+    captured?;
+    let graph = graph.ok_or_else(|| flashsample::Error::InvalidParam {
+        name: "calls",
+        value: "the capture recorded no launch".into(),
+    })?;
+    for _ in 0..warmup {
+        graph.launch()?;
+    }
+    let ctx = stream.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        start.record(stream)?;
+        graph.launch()?;
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / calls.max(1) as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// `n` bf16 values of root-mean-square `rms`: a Gaussian row of up to 16 Mi

@@ -1,8 +1,9 @@
 //! GPU benches of the row kernels, timed with CUDA events.
 //!
 //! For every case: the read floor (the case's bytes over the read bandwidth
-//! measured in this run with a 1 GiB read), the kernel's median time, their
-//! ratio, the target of the foundation issue (1.25 x floor + 5 us), and the
+//! measured in this run with a 1 GiB read), the kernel's median time (calls
+//! back to back on a stream), the same calls replayed from a CUDA graph (as
+//! an engine that captures its decoding step runs them), their ratio, the target of the foundation issue (1.25 x floor + 5 us), and the
 //! PyTorch references of `benches/torch_reference.py` when its JSON is given
 //! in `FLASHSAMPLE_TORCH_REF` (the GPU bundle runs it first, in the same
 //! session). Inputs rotate over enough copies to exceed twice the L2 cache.
@@ -53,7 +54,7 @@ fn main() -> Result<()> {
     .ok();
     writeln!(
         table,
-        "| case | floor us | kernel us | ratio | target us | ok | PyTorch same run |\n|---|---|---|---|---|---|---|"
+        "| case | floor us | kernel us | graph us | ratio | target us | ok | PyTorch same run |\n|---|---|---|---|---|---|---|---|"
     )
     .ok();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -99,12 +100,23 @@ fn main() -> Result<()> {
                         &mut ws,
                     )
                 })?;
+                // The same calls replayed from a graph (every copy once).
+                let tg = harness::time_us_graph(&stream, copies.max(20), 2, 5, |i| {
+                    dev.sampling_from_logits(
+                        &stream,
+                        &bufs[i % copies].as_view(),
+                        rows,
+                        &params,
+                        &mut out,
+                        &mut ws,
+                    )
+                })?;
                 let ok = t <= target;
                 failures += usize::from(!ok);
                 let case = format!("sampling_from_logits f32 B={batch} V={vocab}");
                 writeln!(
                     table,
-                    "| {case}{kind} | {floor:.1} | {t:.1} | {:.2} | {target:.1} | {} | {} |",
+                    "| {case}{kind} | {floor:.1} | {t:.1} | {tg:.1} | {:.2} | {target:.1} | {} | {} |",
                     t / floor,
                     if ok { "yes" } else { "NO" },
                     if kind.is_empty() {
@@ -114,7 +126,9 @@ fn main() -> Result<()> {
                     }
                 )
                 .ok();
-                println!("B={batch} V={vocab}{kind}: sampling {t:.1} us (floor {floor:.1})");
+                println!(
+                    "B={batch} V={vocab}{kind}: sampling {t:.1} us, graph {tg:.1} us (floor {floor:.1})"
+                );
                 if !kind.is_empty() {
                     continue;
                 }
@@ -134,7 +148,7 @@ fn main() -> Result<()> {
                 let case = format!("softmax f32 B={batch} V={vocab}");
                 writeln!(
                     table,
-                    "| {case} | {sfloor:.1} | {ts:.1} | {:.2} | - | - | {} |",
+                    "| {case} | {sfloor:.1} | {ts:.1} | - | {:.2} | - | - | {} |",
                     ts / sfloor,
                     refs.case(&case)
                 )
