@@ -406,14 +406,17 @@ fn main() -> Result<()> {
                         1.5 * mask_floor + 5.0
                     };
                     let planned = dev.topk_topp_route(shape);
-                    // The other route, up to B = 128, where the GPU runs it.
+                    // The other route, up to B = 128, where the GPU runs it,
+                    // and the plain passes against the listing ones.
                     let other = match planned {
-                        TopkToppRoute::Cluster { .. } => Some(TopkToppRoute::Chunked),
+                        TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed => {
+                            Some(TopkToppRoute::Chunked)
+                        }
                         TopkToppRoute::Chunked => {
                             Some(cluster).filter(|c| *c != TopkToppRoute::Chunked)
                         }
                     }
-                    .filter(|_| batch <= 128);
+                    .filter(|_| batch <= 128 || planned == TopkToppRoute::Listed);
                     let mut times = [[f64::NAN; 2]; 2];
                     for (i, route) in [Some(planned), other].into_iter().enumerate() {
                         let Some(route) = route else { continue };
@@ -440,6 +443,7 @@ fn main() -> Result<()> {
                     let [[t_mask, t_sample], [o_mask, o_sample]] = times;
                     let route_name = |r: TopkToppRoute| match r {
                         TopkToppRoute::Chunked => "chunked".to_string(),
+                        TopkToppRoute::Listed => "listed".to_string(),
                         TopkToppRoute::Cluster { ctas } => format!("cluster {ctas}"),
                     };
                     let other_name = other.map_or("-".to_string(), route_name);

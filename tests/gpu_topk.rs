@@ -980,6 +980,26 @@ fn topk_cluster_route_matches_the_chunked_passes() {
         ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
         let want_mask = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
         let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        // The listing passes (the planner's from LISTED_MIN_BATCH rows),
+        // forced on this small batch: the same bits as the plain passes.
+        ws.force_topk_topp_route(Some(TopkToppRoute::Listed));
+        let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        report.check(kept == want_mask.1, || {
+            format!("V={vocab} listed: kept counts differ from the chunked passes")
+        });
+        let same = masked
+            .iter()
+            .zip(&want_mask.0)
+            .all(|(a, c)| a.to_bits() == c.to_bits());
+        report.check(same, || {
+            format!("V={vocab} listed: masked logits differ from the chunked passes")
+        });
+        let tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        report.check(tokens == want_tokens, || {
+            format!("V={vocab} listed: tokens differ from the chunked passes")
+        });
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
         let planned = dev.topk_topp_route(Rows::contiguous(1, vocab));
         let mut sizes = vec![1, 2, 3, 16];
         if let TopkToppRoute::Cluster { ctas } = planned {
@@ -1070,6 +1090,19 @@ fn sanitize_topk_paths() {
         "topk_topp_kept_count_f32",
         "topk_topp_kept_write_f32",
     ];
+    const LISTED_MASK: [&str; 5] = [
+        "topk_topp_stats_listed_f32",
+        "topk_topp_plan_listed_f32",
+        "topk_topp_filter_grouped_f32",
+        "topk_topp_mask_listed_f32",
+        "topk_topp_apply_f32",
+    ];
+    const LISTED_SAMPLE: [&str; 4] = [
+        "topk_topp_stats_listed_f32",
+        "topk_topp_plan_listed_f32",
+        "topk_topp_filter_grouped_f32",
+        "topk_topp_sample_listed_f32",
+    ];
     let mut batches: Vec<Batch> = [(1, 4), (2, 8), (111, 40), (4099, 24), (20_001, 6)]
         .into_iter()
         .map(|(vocab, batch)| Batch::random(&mut rng, batch, vocab))
@@ -1079,13 +1112,17 @@ fn sanitize_topk_paths() {
     // Heavy tails: the threshold refined from a histogram (over a
     // cluster's blocks on the cluster route).
     batches.push(Batch::heavy(&mut rng, 4, 20_001));
-    // Every batch on the chunked passes, on a cluster of one and on the
-    // largest cluster its row has blocks for (a block per chunk;
-    // where the GPU runs it).
+    // Every batch on the chunked passes, on the listing passes, on a
+    // cluster of one and on the largest cluster its row has blocks for (a
+    // block per chunk; where the GPU runs it).
     let caps = dev.topk_topp_caps();
     for b in &batches {
         let chunks = TopkToppLayout::new(1, b.rows.vocab as u32).chunks;
-        let mut routes = vec![TopkToppRoute::Chunked, TopkToppRoute::Cluster { ctas: 1 }];
+        let mut routes = vec![
+            TopkToppRoute::Chunked,
+            TopkToppRoute::Listed,
+            TopkToppRoute::Cluster { ctas: 1 },
+        ];
         if chunks > 1 && caps.cluster_slots[chunks as usize] > 0 {
             routes.push(TopkToppRoute::Cluster { ctas: chunks });
         }
@@ -1100,6 +1137,9 @@ fn sanitize_topk_paths() {
                 // chunked passes).
                 check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
                 coverage.case(&RENORM_KEPT);
+            } else if route == TopkToppRoute::Listed {
+                coverage.case(&LISTED_MASK);
+                coverage.case(&LISTED_SAMPLE);
             } else {
                 coverage.case(&["topk_topp_cluster_mask_f32"]);
                 coverage.case(&["topk_topp_cluster_sample_f32"]);
@@ -1145,7 +1185,7 @@ fn sanitize_topk_paths() {
         }
     }
     coverage.case(&[match dev.topk_topp_route(rows) {
-        TopkToppRoute::Chunked => "topk_topp_apply_f32",
+        TopkToppRoute::Chunked | TopkToppRoute::Listed => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
     }]);
     // The same strided rows into contiguous probabilities and kept sets.

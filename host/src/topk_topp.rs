@@ -21,7 +21,7 @@ use cudarc::driver::{
 };
 use flashsample_kernels::params::{
     CONVERT_PER_THREAD, CONVERT_THREADS, ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES,
-    TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
+    TOPK_TOPP_FILTER_BLOCKS_PER_SM, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
 };
 
 use crate::device::{Device, kernel_arg, max_active_clusters};
@@ -120,7 +120,25 @@ pub enum TopkToppRoute {
     /// its chunks; its first block selects (a cluster of one on any GPU,
     /// larger ones from sm_90 on).
     Cluster { ctas: u32 },
+    /// The chunked passes whose statistics pass also lists each chunk's
+    /// own top k (rows with top-k of at most `cover::LOCAL_MAX_K`): a row
+    /// whose every chunk listed skips the pre-filter pass, one read of its
+    /// logits fewer (every GPU; the same results as [`Chunked`]).
+    ///
+    /// [`Chunked`]: TopkToppRoute::Chunked
+    Listed,
 }
+
+/// Smallest batch the planner lists chunks for
+/// ([`TopkToppRoute::Listed`]). Measured on the H200 (session 20, p = 0.9,
+/// against the plain passes at B = 512 and 1024): k = 50 masking 8.5 to 11
+/// % and sampling 8 to 17 % faster on Gaussian and bf16-quantised rows, 1
+/// to 10 % and 4 to 12 % on real SmolLM2 rows; heavy-tailed rows 6 % faster
+/// at V = 32000 but 4 to 10 % slower from V = 151936 (their chunks rarely
+/// list); k = 1000 (no lists) within -1 to +2.6 %. Session 19, the listing
+/// passes on every batch: 3 to 26 % slower at B <= 32 (a longer listing
+/// pass and selection).
+pub const LISTED_MIN_BATCH: usize = 512;
 
 /// What the route planner knows of a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +155,8 @@ pub struct TopkToppCaps {
 /// the cluster route takes 30.3 us at B = 1 and 34.0 at B = 8 against 32.7
 /// and 41.1 for the chunked passes, but 94 against 55 at B = 32, where its
 /// clusters take two waves; with two chunks a block (V = 151936, 262144)
-/// it lost at every batch.
+/// it lost at every batch. Chunked calls of at least [`LISTED_MIN_BATCH`]
+/// rows list chunks ([`TopkToppRoute::Listed`]).
 ///
 /// ```
 /// use flashsample::{Rows, TopkToppCaps, TopkToppRoute, plan_topk_topp_route};
@@ -151,6 +170,8 @@ pub struct TopkToppCaps {
 /// assert_eq!(route(32, 128_256), TopkToppRoute::Chunked);
 /// assert_eq!(route(1, 151_936), TopkToppRoute::Chunked);
 /// assert_eq!(route(1, 8192), TopkToppRoute::Chunked);
+/// assert_eq!(route(511, 128_256), TopkToppRoute::Chunked);
+/// assert_eq!(route(512, 128_256), TopkToppRoute::Listed);
 /// ```
 pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
     let chunks = TopkToppLayout::new(1, rows.vocab.min(u32::MAX as usize) as u32).chunks;
@@ -160,6 +181,8 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
         .map_or(0, |&n| u64::from(n));
     if chunks >= 2 && rows.batch as u64 <= slots {
         TopkToppRoute::Cluster { ctas: chunks }
+    } else if rows.batch >= LISTED_MIN_BATCH {
+        TopkToppRoute::Listed
     } else {
         TopkToppRoute::Chunked
     }
@@ -187,6 +210,23 @@ fn blocks_per_row(rows: &Rows, per_row: u32, smem: u32) -> Result<LaunchConfig> 
         block_dim: (ROW_THREADS, 1, 1),
         shared_mem_bytes: smem,
     })
+}
+
+/// Chunks a block of the pre-filter pass takes on the listing route: `g`
+/// (at most 4) when the blocks of `g` chunks still make `g` waves or more
+/// ([`TOPK_TOPP_FILTER_BLOCKS_PER_SM`] blocks a multiprocessor), so that
+/// rows the statistics pass's lists cover (whose blocks end at once) start
+/// fewer blocks, while the other rows' chunks, run one after another in
+/// their block, keep about the one-chunk grid's time (a partial last wave
+/// weighs little among four or more).
+fn filter_group(rows: &Rows, lay: &TopkToppLayout, sm_count: u32) -> u32 {
+    let items = rows.batch as u64 * u64::from(lay.chunks);
+    let resident = u64::from(TOPK_TOPP_FILTER_BLOCKS_PER_SM) * u64::from(sm_count.max(1));
+    let mut g = 4;
+    while g > 1 && items < g * g * resident {
+        g -= 1;
+    }
+    g as u32
 }
 
 /// One block of [`ROW_THREADS`] per chunk of every row (the chunked
@@ -372,7 +412,9 @@ fn param_ptrs<'a>(
 }
 
 /// Launches the passes every call starts with: statistics (per chunk), the
-/// plan (per row), then the pre-filter (per chunk).
+/// plan (per row), then the pre-filter (per chunk); on the listing route
+/// ([`TopkToppRoute::Listed`]) their listing forms.
+#[allow(clippy::too_many_arguments)]
 fn launch_prefilter(
     dev: &Device,
     stream: &Arc<CudaStream>,
@@ -381,12 +423,15 @@ fn launch_prefilter(
     params: &TruncParams,
     lay: &TopkToppLayout,
     ws: u64,
+    route: TopkToppRoute,
 ) -> Result<()> {
+    let listed = route == TopkToppRoute::Listed;
     let vocab = rows.vocab as u32;
     let stride = rows.row_stride as u64;
     let batch = rows.batch as u32;
     let cfg = chunk_per_block(rows, lay)?;
     let k = dev.kernels();
+    let (p, _g) = param_ptrs(stream, params);
     let mut chunk_args = [
         kernel_arg(&logits),
         kernel_arg(&vocab),
@@ -394,13 +439,36 @@ fn launch_prefilter(
         kernel_arg(&batch),
         kernel_arg(&ws),
     ];
-    // SAFETY: the arguments match `topk_topp_stats_f32`'s signature; the
-    // caller validated `logits` (batch rows `row_stride` apart, 1 <= vocab
-    // <= MAX_VOCAB) and grew `ws` to the layout's words; a block per chunk
-    // of every row, as the kernel expects. The call's first pass: after
-    // whatever precedes it on the stream, as usual.
-    unsafe { dev.launch_pass(stream, &k.topk_topp_stats_f32, cfg, false, &mut chunk_args) }?;
-    let (p, _g) = param_ptrs(stream, params);
+    if listed {
+        let mut stats_args = [
+            kernel_arg(&logits),
+            kernel_arg(&p.top_k),
+            kernel_arg(&p.temperature),
+            kernel_arg(&vocab),
+            kernel_arg(&stride),
+            kernel_arg(&batch),
+            kernel_arg(&ws),
+        ];
+        // SAFETY: the arguments match `topk_topp_stats_listed_f32`'s
+        // signature; the caller validated `logits` (batch rows `row_stride`
+        // apart, 1 <= vocab <= MAX_VOCAB), the parameter buffers (at least
+        // `batch` elements) and grew `ws` to the layout's words; a block per
+        // chunk of every row, as the kernel expects. The call's first pass:
+        // after whatever precedes it on the stream, as usual.
+        unsafe {
+            dev.launch_pass(
+                stream,
+                &k.topk_topp_stats_listed_f32,
+                cfg,
+                false,
+                &mut stats_args,
+            )
+        }?;
+    } else {
+        // SAFETY: as above, for `topk_topp_stats_f32`'s signature (no
+        // parameters).
+        unsafe { dev.launch_pass(stream, &k.topk_topp_stats_f32, cfg, false, &mut chunk_args) }?;
+    }
     let mut plan_args = [
         kernel_arg(&logits),
         kernel_arg(&p.top_k),
@@ -416,27 +484,52 @@ fn launch_prefilter(
         shared_mem_bytes: TOPK_TOPP_CHUNK_SMEM_BYTES,
         ..row_per_block(rows)
     };
-    // SAFETY: as above, for `topk_topp_plan_f32`; the four parameter
+    let plan = if listed {
+        &k.topk_topp_plan_listed_f32
+    } else {
+        &k.topk_topp_plan_f32
+    };
+    // SAFETY: as above, for `topk_topp_plan_f32` and
+    // `topk_topp_plan_listed_f32` (one signature); the four parameter
     // buffers hold at least `batch` elements (checked by the caller); a
     // block per row, after the statistics pass on the same stream (every
     // pass waits for the previous one before reading: `pass_start`).
+    unsafe { dev.launch_pass(stream, plan, plan_cfg, true, &mut plan_args) }?;
+    if !listed {
+        // SAFETY: as above, for `topk_topp_filter_f32`, after the plan
+        // kernel on the same stream.
+        return unsafe {
+            dev.launch_pass(stream, &k.topk_topp_filter_f32, cfg, true, &mut chunk_args)
+        };
+    }
+    // Grouped chunks pay only where covered rows' blocks end at once.
+    let group = filter_group(rows, lay, dev.sm_count());
+    let mut filter_args = [
+        kernel_arg(&logits),
+        kernel_arg(&vocab),
+        kernel_arg(&stride),
+        kernel_arg(&batch),
+        kernel_arg(&group),
+        kernel_arg(&ws),
+    ];
+    let filter_cfg = blocks_per_row(rows, lay.chunks.div_ceil(group), TOPK_TOPP_CHUNK_SMEM_BYTES)?;
+    // SAFETY: as above, for `topk_topp_filter_grouped_f32` (its grid of
+    // `group` chunks a block, as the kernel expects), after the plan kernel
+    // on the same stream.
     unsafe {
         dev.launch_pass(
             stream,
-            &k.topk_topp_plan_f32,
-            plan_cfg,
+            &k.topk_topp_filter_grouped_f32,
+            filter_cfg,
             true,
-            &mut plan_args,
+            &mut filter_args,
         )
-    }?;
-    // SAFETY: as above, for `topk_topp_filter_f32`, after the plan kernel
-    // on the same stream.
-    unsafe { dev.launch_pass(stream, &k.topk_topp_filter_f32, cfg, true, &mut chunk_args) }?;
-    Ok(())
+    }
 }
 
-/// Launches the selection kernel (`topk_topp_mask_f32`: a block per row)
-/// after the pre-filter passes: each row's cut into the workspace, its kept
+/// Launches the selection kernel (`topk_topp_mask_f32`, or its listing
+/// form on [`TopkToppRoute::Listed`]: a block per row) after the pre-filter
+/// passes of the same route: each row's cut into the workspace, its kept
 /// count to `kept`, and (`with_mass`) its kept mass into its cut slot.
 ///
 /// # Safety
@@ -444,6 +537,7 @@ fn launch_prefilter(
 /// u32, `ws` the layout's words with the pre-filter passes of the same
 /// call launched before on `stream`; all live buffers of the stream's
 /// context.
+#[allow(clippy::too_many_arguments)]
 unsafe fn launch_selection(
     dev: &Device,
     stream: &Arc<CudaStream>,
@@ -452,6 +546,7 @@ unsafe fn launch_selection(
     rows: &Rows,
     with_mass: bool,
     ws: u64,
+    route: TopkToppRoute,
 ) -> Result<()> {
     let vocab = rows.vocab as u32;
     let stride = rows.row_stride as u64;
@@ -466,19 +561,17 @@ unsafe fn launch_selection(
         kernel_arg(&ws),
         kernel_arg(&with_mass),
     ];
-    // SAFETY: the argument list matches `topk_topp_mask_f32`'s signature;
-    // the buffers as the caller's contract says; one block of ROW_THREADS
-    // per row with the shared memory the kernel asks for, after the
-    // prefilter passes on this stream.
-    unsafe {
-        dev.launch_pass(
-            stream,
-            &dev.kernels().topk_topp_mask_f32,
-            row_per_block(rows),
-            true,
-            &mut args,
-        )
-    }
+    let k = dev.kernels();
+    let func = if route == TopkToppRoute::Listed {
+        &k.topk_topp_mask_listed_f32
+    } else {
+        &k.topk_topp_mask_f32
+    };
+    // SAFETY: the argument list matches `topk_topp_mask_f32`'s signature
+    // (and its listing form's); the buffers as the caller's contract says;
+    // one block of ROW_THREADS per row with the shared memory the kernel
+    // asks for, after the prefilter passes of `route` on this stream.
+    unsafe { dev.launch_pass(stream, func, row_per_block(rows), true, &mut args) }
 }
 
 /// Checks a per-row output of at least `batch` elements.
@@ -639,13 +732,35 @@ impl Device {
         let (user, g1) = logits.device_ptr(stream);
         let (kp, g2) = kept.device_ptr_mut(stream);
         let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
+        // The renormalised probabilities and the kept sets keep the
+        // chunked passes without lists.
+        launch_prefilter(
+            self,
+            stream,
+            l,
+            &rows,
+            params,
+            &lay,
+            w,
+            TopkToppRoute::Chunked,
+        )?;
         // SAFETY: the f32 rows at `l` hold `rows.min_len()` elements (the
         // caller's, validated, or the workspace copy), `kept` at least
         // `batch` elements (checked), `ws` the layout's words (grown
         // above), all live cudarc buffers of this stream's context; the
         // prefilter passes launched just before.
-        unsafe { launch_selection(self, stream, l, kp, &rows, with_mass, w) }?;
+        unsafe {
+            launch_selection(
+                self,
+                stream,
+                l,
+                kp,
+                &rows,
+                with_mass,
+                w,
+                TopkToppRoute::Chunked,
+            )
+        }?;
         Ok(Selected {
             l,
             rows,
@@ -724,14 +839,14 @@ impl Device {
                 )
             }?;
         } else {
-            launch_prefilter(self, stream, l, &krows, params, &lay, w)?;
+            launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
             // SAFETY: the f32 rows at `l` hold `krows.min_len()` elements
             // (batch rows `row_stride` apart with `vocab` each, 1 <= vocab
             // <= MAX_VOCAB), `kept` at least `batch` elements (checked),
             // `ws` the layout's words (grown above), all live cudarc buffers
             // of this stream's context; the prefilter passes launched just
             // before.
-            unsafe { launch_selection(self, stream, l, kp, &krows, false, w) }?;
+            unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
             let mut apply_args = [
                 kernel_arg(&l),
                 kernel_arg(&vocab),
@@ -826,7 +941,7 @@ impl Device {
                 )
             };
         }
-        launch_prefilter(self, stream, l, &rows, params, &lay, w)?;
+        launch_prefilter(self, stream, l, &rows, params, &lay, w, route)?;
         let mut sample_args = [
             kernel_arg(&l),
             kernel_arg(&s),
@@ -838,23 +953,20 @@ impl Device {
             kernel_arg(&batch),
             kernel_arg(&w),
         ];
+        let sample = if route == TopkToppRoute::Listed {
+            &self.kernels().topk_topp_sample_listed_f32
+        } else {
+            &self.kernels().topk_topp_sample_f32
+        };
         // SAFETY: the argument list matches `topk_topp_sample_f32`'s
-        // signature; `logits` holds `rows.min_len()` elements (validated),
+        // signature (and its listing form's); `logits` holds `rows.min_len()` elements (validated),
         // seeds, offsets and both outputs at least `batch` elements
         // (checked), `ws` the layout's words (grown above, the plans and
         // lists written by the passes before), all live cudarc buffers of
         // this stream's context; one block of ROW_THREADS per row with the
         // shared memory the kernel asks for, after the prefilter passes on
         // this stream.
-        unsafe {
-            self.launch_pass(
-                stream,
-                &self.kernels().topk_topp_sample_f32,
-                row_per_block(&rows),
-                true,
-                &mut sample_args,
-            )
-        }?;
+        unsafe { self.launch_pass(stream, sample, row_per_block(&rows), true, &mut sample_args) }?;
         Ok(())
     }
 }
@@ -1050,9 +1162,14 @@ pub(crate) fn configure(
         &k.topk_topp_cluster_mask_f32,
         &k.topk_topp_cluster_sample_f32,
     ];
-    for f in [&k.topk_topp_mask_f32, &k.topk_topp_sample_f32]
-        .into_iter()
-        .chain(cluster_kernels)
+    for f in [
+        &k.topk_topp_mask_f32,
+        &k.topk_topp_mask_listed_f32,
+        &k.topk_topp_sample_f32,
+        &k.topk_topp_sample_listed_f32,
+    ]
+    .into_iter()
+    .chain(cluster_kernels)
     {
         f.set_attribute(MAX_SMEM, TOPK_TOPP_SMEM_BYTES as i32)?;
     }
@@ -1108,6 +1225,27 @@ mod tests {
     }
 
     #[test]
+    fn the_prefilter_pass_groups_chunks_only_over_several_waves() {
+        // The H200: 132 multiprocessors, four pre-filter blocks each.
+        let group = |batch, vocab| {
+            let rows = Rows::contiguous(batch, vocab);
+            filter_group(&rows, &TopkToppLayout::new(batch as u32, vocab as u32), 132)
+        };
+        assert_eq!(group(1, 128_256), 1);
+        assert_eq!(group(64, 128_256), 1);
+        assert_eq!(group(128, 128_256), 1);
+        assert_eq!(group(256, 128_256), 2);
+        assert_eq!(group(512, 128_256), 3);
+        assert_eq!(group(1024, 128_256), 4);
+        assert_eq!(group(1024, 32_000), 2);
+        assert_eq!(group(8192, 1), 3);
+        assert_eq!(
+            filter_group(&Rows::contiguous(8, 8192), &TopkToppLayout::new(8, 8192), 0),
+            1
+        );
+    }
+
+    #[test]
     fn layout_regions_are_disjoint_and_lists_fit_the_selection_block() {
         for (batch, vocab) in [
             (1, 1),
@@ -1126,9 +1264,10 @@ mod tests {
             assert!(lay.counts >= lay.tiers + slots * 72 / 8);
             assert!(lay.lists * 2 >= lay.counts * 2 + slots);
             assert_eq!(lay.kept_counts, lay.lists + slots * lay.cap as usize);
-            assert!(lay.cuts * 2 >= lay.kept_counts * 2 + slots);
+            assert!(lay.floors * 2 >= lay.kept_counts * 2 + slots);
+            assert!(lay.cuts * 2 >= lay.floors * 2 + slots);
             assert_eq!(lay.plans, lay.cuts + 2 * batch as usize);
-            assert_eq!(lay.words, lay.plans + 6 * batch as usize);
+            assert_eq!(lay.words, lay.plans + 7 * batch as usize);
         }
     }
 }

@@ -23,6 +23,7 @@
 
 #[cfg(target_arch = "nvptx64")]
 mod block;
+pub mod cover;
 pub mod float16;
 pub mod mma_layout;
 pub mod noise;
@@ -73,9 +74,13 @@ pub const ENTRY_POINTS: &[&str] = &[
     "fused_sample_f16_b128",
     "fused_sample_finish",
     "topk_topp_stats_f32",
+    "topk_topp_stats_listed_f32",
     "topk_topp_plan_f32",
+    "topk_topp_plan_listed_f32",
     "topk_topp_filter_f32",
+    "topk_topp_filter_grouped_f32",
     "topk_topp_mask_f32",
+    "topk_topp_mask_listed_f32",
     "topk_topp_apply_f32",
     "topk_topp_renorm_f32",
     "topk_topp_kept_count_f32",
@@ -85,6 +90,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "narrow_rows_bf16",
     "narrow_rows_f16",
     "topk_topp_sample_f32",
+    "topk_topp_sample_listed_f32",
     "topk_topp_cluster_mask_f32",
     "topk_topp_cluster_sample_f32",
     "radix_topk_cluster_f32",
@@ -193,7 +199,19 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         modules: Modules::All,
     },
     LaunchBounds {
+        kernel: "topk_topp_stats_listed_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::TOPK_TOPP_STATS_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    LaunchBounds {
         kernel: "topk_topp_filter_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "topk_topp_filter_grouped_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: params::TOPK_TOPP_FILTER_BLOCKS_PER_SM,
         modules: Modules::All,
@@ -208,7 +226,19 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
         modules: Modules::All,
     },
     LaunchBounds {
+        kernel: "topk_topp_mask_listed_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
+        modules: Modules::All,
+    },
+    LaunchBounds {
         kernel: "topk_topp_sample_f32",
+        max_threads: params::ROW_THREADS,
+        min_blocks_per_sm: 2,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "topk_topp_sample_listed_f32",
         max_threads: params::ROW_THREADS,
         min_blocks_per_sm: 2,
         modules: Modules::All,

@@ -381,19 +381,24 @@ pub const TOPK_TOPP_CHUNK_SMEM_BYTES: u32 = 1024 + TOPK_TOPP_CHUNK / 8;
 /// needs the warps in flight more than the registers.
 pub const TOPK_TOPP_FILTER_BLOCKS_PER_SM: u32 = 4;
 
+/// Resident blocks per multiprocessor the statistics pass
+/// (`topk_topp_stats_f32`) is compiled for: it holds its chunk in
+/// registers (a key a slot) from its loads to its list.
+pub const TOPK_TOPP_STATS_BLOCKS_PER_SM: u32 = 4;
+
 /// Bytes of one chunk's statistics partial (`pivot::RowStats`).
 pub const TOPK_TOPP_STATS_SLOT_BYTES: usize = 24;
 /// Bytes of one chunk's pre-filter tiers partial (three count, key range
 /// and mass groups).
 pub const TOPK_TOPP_TIERS_SLOT_BYTES: usize = 72;
 /// Bytes of one row's plan as the pre-filter and selection passes read it.
-pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 48;
+pub const TOPK_TOPP_PLAN_SLOT_BYTES: usize = 56;
 
 /// Where the `topk_topp_*` kernels keep their per-call state in the
 /// workspace, in 8-byte words: per (row, chunk) a statistics partial, a
 /// tiers partial, a candidate count, a list of up to `cap` candidates
-/// (key in the low half, index in the high half) and a kept count; per row
-/// the cut and the plan.
+/// (key in the low half, index in the high half), a kept count and a chunk
+/// floor; per row the cut and the plan.
 /// Host and kernels compute the same layout from (batch, vocab).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopkToppLayout {
@@ -407,6 +412,9 @@ pub struct TopkToppLayout {
     pub lists: usize,
     /// Per (row, chunk): the chunk's kept count (u32; the kept-set passes).
     pub kept_counts: usize,
+    /// Per (row, chunk): the floor of the chunk's list from the statistics
+    /// pass (u32: `crate::cover`).
+    pub floors: usize,
     /// Per row: `[key, index_end, mode, mass]` as u32 (mode 1: the masking
     /// pass works from the lists, 0: from the row; mass: the kept weights'
     /// sum as f32 bits when the selection was asked for it, else 0).
@@ -435,7 +443,8 @@ impl TopkToppLayout {
         let counts = tiers + slots * TOPK_TOPP_TIERS_SLOT_BYTES / 8;
         let lists = counts + slots.div_ceil(2);
         let kept_counts = lists + slots * cap as usize;
-        let cuts = kept_counts + slots.div_ceil(2);
+        let floors = kept_counts + slots.div_ceil(2);
+        let cuts = floors + slots.div_ceil(2);
         TopkToppLayout {
             chunks,
             cap,
@@ -444,6 +453,7 @@ impl TopkToppLayout {
             counts,
             lists,
             kept_counts,
+            floors,
             cuts,
             plans: cuts + 2 * batch as usize,
             words: cuts + 2 * batch as usize + batch as usize * TOPK_TOPP_PLAN_SLOT_BYTES / 8,

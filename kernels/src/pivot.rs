@@ -66,6 +66,7 @@
 
 use core::intrinsics::fmaf32;
 
+use crate::cover::effective_k;
 use crate::radix::{f32_from_key, f32_key};
 
 // ---------------------------------------------------------------------------
@@ -1081,13 +1082,7 @@ impl Plan {
     #[inline(always)]
     pub fn new(stats: &RowStats, shift: f32, n: u32, params: &RowParams) -> Plan {
         let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
-        let k = if greedy {
-            1
-        } else if params.top_k == 0 || params.top_k >= n {
-            n
-        } else {
-            params.top_k
-        };
+        let k = effective_k(params.top_k, params.temperature, n);
         let topk = k < n;
         let top_p = if params.top_p.is_nan() {
             1.0

@@ -17,17 +17,26 @@
 //! compacted into a list in the workspace:
 //!
 //! 1. [`topk_topp_stats_f32`] (a block per chunk): the chunk's
-//!    [`RowStats`];
+//!    [`RowStats`] and, for a row whose top-k keeps at most
+//!    [`cover::LOCAL_MAX_K`], the chunk's own list: every element at or
+//!    above a floor from the chunk's statistics that lists at least the
+//!    chunk's k largest ([`cover`]), the chunk held in registers from its
+//!    loads to its list;
 //! 2. [`topk_topp_plan_f32`] (a block per row): merges the row's
-//!    statistics and writes the pre-filter's thresholds;
-//! 3. [`topk_topp_filter_f32`] (a block per chunk): writes the chunk's
-//!    pre-filter tiers and its tier-1 survivors (the usual candidates), in
-//!    the block's scan order (each thread marks its survivors in a bit mask
-//!    while it counts the tiers, and reads only them again to list them);
+//!    statistics and writes the pre-filter's thresholds, and flags the row
+//!    [`COVERED`] when every chunk listed (the union of the lists then
+//!    holds the row's top k);
+//! 3. [`topk_topp_filter_f32`] (a block per chunk; nothing for a covered
+//!    row): writes the chunk's pre-filter tiers and its tier-1 survivors
+//!    (the usual candidates), in the block's scan order (each thread marks
+//!    its survivors in a bit mask while it counts the tiers, and reads only
+//!    them again to list them);
 //! 4. a selection kernel (a block per row) merges the tiers, loads the
 //!    candidate lists into shared memory when every candidate fits (else it
 //!    reads the row itself, as the one-block version did) and runs the
-//!    pivot rounds there; a list of at most 2048 candidates (4096 for
+//!    pivot rounds there (a covered row's candidates are its lists' entries
+//!    at or above the first tier's key, or the highest chunk floor:
+//!    [`covered_view`]); a list of at most 2048 candidates (4096 for
 //!    sampling) is sorted instead (its entries' order words in shared
 //!    memory, by rank counting up to 256 and a bitonic network above, then
 //!    the cut from the masses summed in that order by block scans);
@@ -73,6 +82,7 @@
 
 use crate::arch;
 use crate::block;
+use crate::cover::{self, LocalTier};
 use crate::noise;
 use crate::params::{
     ROW_THREADS, TOPK_TOPP_CHUNK, TOPK_TOPP_CHUNK_SMEM_BYTES, TOPK_TOPP_LIST_CAP,
@@ -666,6 +676,31 @@ struct Row {
     base: u32,
 }
 
+/// Calls `f(v)` for `v` from 0 to 7, written out: arrays indexed by `v`
+/// (or `4 v + i`) then stay in registers.
+#[inline(always)]
+fn each_quad(mut f: impl FnMut(usize)) {
+    f(0);
+    f(1);
+    f(2);
+    f(3);
+    f(4);
+    f(5);
+    f(6);
+    f(7);
+}
+
+/// Calls `f(p)` for `p` from 0 to 31, written out (see [`each_quad`]).
+#[inline(always)]
+fn each_slot(mut f: impl FnMut(usize)) {
+    each_quad(|v| {
+        f(4 * v);
+        f(4 * v + 1);
+        f(4 * v + 2);
+        f(4 * v + 3);
+    });
+}
+
 /// Four f32 loaded by one 16-byte load.
 #[inline(always)]
 unsafe fn load4(p: *const f32) -> [f32; 4] {
@@ -718,6 +753,43 @@ impl Row {
         } else {
             p * ROW_THREADS + tid
         }
+    }
+
+    /// Whether this thread's `p`-th slot ([`Row::scan_slot`]) lies inside
+    /// the row.
+    #[inline(always)]
+    fn holds(&self, p: u32) -> bool {
+        self.scan_slot(p) < self.n
+    }
+
+    /// This thread's 32 slots of a chunk ([`Row::scan_slot`]; -inf past
+    /// the row's end), all loads in flight before the first is used, in
+    /// registers.
+    ///
+    /// # Safety
+    /// `ptr` holds `n <= TOPK_TOPP_CHUNK` readable f32.
+    #[inline(always)]
+    unsafe fn load_chunk(&self) -> [f32; 32] {
+        let mut x = [f32::NEG_INFINITY; 32];
+        // SAFETY: every load is of a slot below n (caller's contract).
+        unsafe {
+            if self.vectorized() {
+                each_quad(|v| {
+                    let p = 4 * v as u32;
+                    if self.holds(p) {
+                        let q = load4(self.ptr.add(self.scan_slot(p) as usize));
+                        x[4 * v..4 * v + 4].copy_from_slice(&q);
+                    }
+                });
+            } else {
+                each_slot(|p| {
+                    if self.holds(p as u32) {
+                        x[p] = *self.ptr.add(self.scan_slot(p as u32) as usize);
+                    }
+                });
+            }
+        }
+        x
     }
 
     /// Calls `f(valid, key, index, x)` on this thread's slots in rounds that
@@ -991,10 +1063,23 @@ struct RowPlan {
     /// Least keys of the nested sets: the list (t1), the second tier (t2),
     /// all of min-p's survivors; each at least min-p's key.
     keys: [u32; 3],
-    /// Bit 0: the row has a finite or +inf entry; bit 1: the masses are
-    /// needed (top-p without top-k).
+    /// [`VALID`], [`MASS_NEEDED`], [`COVERED`].
     flags: u32,
+    /// A covered row's candidate floor when the first tier's does not
+    /// serve ([`cover::tight_floor_serves`]): the highest chunk floor, at
+    /// least min-p's key.
+    wide: u32,
 }
+
+/// [`RowPlan::flags`]: the row has a finite or +inf entry.
+const VALID: u32 = 1;
+/// [`RowPlan::flags`]: the pre-filter needs the masses (top-p without
+/// top-k).
+const MASS_NEEDED: u32 = 2;
+/// [`RowPlan::flags`]: the statistics pass's chunk lists cover the row
+/// ([`cover::row_covered`]): the pre-filter pass skips it and the
+/// selection takes its candidates from those lists ([`covered_view`]).
+const COVERED: u32 = 4;
 
 /// The result of [`select`].
 #[derive(Clone, Copy)]
@@ -1063,6 +1148,13 @@ impl Slots {
     fn kept_count(&self, c: u32) -> *mut u32 {
         // SAFETY: as `stats`.
         unsafe { (self.ws.add(self.lay.kept_counts) as *mut u32).add(self.slot(c)) }
+    }
+
+    /// Chunk `c`'s list floor from the statistics pass ([`cover`]).
+    #[inline(always)]
+    fn floor(&self, c: u32) -> *mut u32 {
+        // SAFETY: as `stats`.
+        unsafe { (self.ws.add(self.lay.floors) as *mut u32).add(self.slot(c)) }
     }
 
     /// Chunk `c`'s candidate list (`cap` entries).
@@ -1232,6 +1324,9 @@ struct RowView {
     cand: Group,
     total_mass: f64,
     counts: ListCounts,
+    /// A covered row's candidates, already in shared memory when they fit
+    /// ([`covered_view`]); `None` otherwise.
+    loaded: Option<List>,
 }
 
 /// The row's [`RowView`] under its plan (meaningless for a row without a
@@ -1253,6 +1348,141 @@ unsafe fn row_view(slots: Slots, smem: *mut u8) -> RowView {
             cand,
             total_mass: tiers.all.mass,
             counts: list_counts(slots, smem),
+            loaded: None,
+        }
+    }
+}
+
+/// A thread's run `[q0, q1)` of the union of a row's chunk lists (chunk
+/// `c` from `offsets[c]` on, in shared memory), starting in chunk `c0`.
+#[derive(Clone, Copy)]
+struct UnionRun {
+    offsets: *const u32,
+    chunks: u32,
+    c0: u32,
+    q0: u32,
+    q1: u32,
+}
+
+impl UnionRun {
+    /// Calls `f(entry)` on the run's list entries in order.
+    ///
+    /// # Safety
+    /// The offsets are those of the row's lists in `slots`, visible to the
+    /// thread; `c0` holds `q0`.
+    #[inline(always)]
+    unsafe fn walk(&self, slots: Slots, mut f: impl FnMut(u64)) {
+        let (mut c, mut q) = (self.c0, self.q0);
+        // SAFETY: entry q - offsets[c] lies below chunk c's count.
+        unsafe {
+            while q < self.q1 {
+                while c + 1 < self.chunks && *self.offsets.add(c as usize + 1) <= q {
+                    c += 1;
+                }
+                f(*slots
+                    .list(c)
+                    .add((q - *self.offsets.add(c as usize)) as usize));
+                q += 1;
+            }
+        }
+    }
+}
+
+/// The [`RowView`] of a row the statistics pass's chunk lists cover
+/// ([`COVERED`]), its candidates loaded into shared memory as
+/// [`load_list`] lays them out: the listed elements at or above the first
+/// tier's key (`rp.keys[0]`) when [`cover::tight_floor_serves`], else at or
+/// above `rp.wide`, chunk after chunk, each chunk's in its list's order
+/// (so on a row where no chunk floor lies above the first tier's key, the
+/// very candidates and order of the pre-filter pass). Each thread walks a
+/// run of the lists' union twice: to count (one block scan, which also
+/// merges the candidates' key range) and to store.
+///
+/// # Safety
+/// As [`block_reduce`]; the plan kernel has completed (the pre-filter pass
+/// skips the row); `smem` is the selection kernels' dynamic shared memory.
+#[inline(always)]
+unsafe fn covered_view(rp: &RowPlan, slots: Slots, smem: *mut u8) -> RowView {
+    let tid = arch::thread_idx_x();
+    let chunks = slots.lay.chunks;
+    // SAFETY: a covered row has at most TOPK_TOPP_MAX_LISTED_CHUNKS
+    // (= ROW_THREADS) chunks, each listing at most `cap` (the statistics
+    // pass); the offsets and the candidates inside TOPK_TOPP_SMEM_BYTES
+    // (const asserts), as in `load_list`; barriers between the offsets'
+    // and the candidates' writes and their reads.
+    unsafe {
+        let offsets = smem.add(REDUCE_BYTES) as *mut u32;
+        let entries = offsets.add(ROW_THREADS as usize) as *mut u64;
+        let count = if tid < chunks { *slots.count(tid) } else { 0 };
+        let (off, total) = block_exclusive_scan(count, smem as *mut u32);
+        if tid < chunks {
+            *offsets.add(tid as usize) = off;
+        }
+        arch::bar_sync();
+        // This thread's run [q0, q1) of the union, from chunk `c0` on.
+        let per = total.div_ceil(ROW_THREADS);
+        let q0 = (tid * per).min(total);
+        let q1 = (q0 + per).min(total);
+        let (mut lo, mut hi) = (0u32, chunks);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if *offsets.add(mid as usize) <= q0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let run = UnionRun {
+            offsets,
+            chunks,
+            c0: lo,
+            q0,
+            q1,
+        };
+        let run_group = |floor: u32| {
+            let mut g = Group::EMPTY;
+            run.walk(slots, |e| {
+                let key = e as u32;
+                if key >= floor {
+                    g.add(key, 0.0);
+                }
+            });
+            g
+        };
+        let k = rp.plan.k;
+        let (tight, min_key) = (rp.keys[0], rp.keys[2]);
+        let g = run_group(tight);
+        let (mut at, mut cand) = block_scan_reduce(g.n, g, smem);
+        let mut floor = tight;
+        if !cover::tight_floor_serves(tight, min_key, cand.n, k) {
+            floor = rp.wide;
+            let g = run_group(floor);
+            (at, cand) = block_scan_reduce(g.n, g, smem);
+        }
+        let fit = cand.n <= TOPK_TOPP_LIST_CAP;
+        if fit {
+            run.walk(slots, |e| {
+                if e as u32 >= floor {
+                    *entries.add(at as usize) = e;
+                    at += 1;
+                }
+            });
+        }
+        arch::bar_sync();
+        RowView {
+            floor,
+            cand,
+            total_mass: 0.0,
+            counts: ListCounts {
+                off: 0,
+                total: cand.n,
+                fit,
+            },
+            loaded: fit.then_some(List {
+                entries,
+                total: cand.n,
+                floor,
+            }),
         }
     }
 }
@@ -1327,6 +1557,10 @@ unsafe fn row_bins(hist: *const u32, base: u32, g: u32, size: u32) -> [u32; 8] {
 /// already serve the selection, the row has no top-k, or the new lists
 /// would not fit.
 ///
+/// `LISTED`: the call's statistics pass listed chunks, so a [`COVERED`]
+/// row's view comes from those lists ([`covered_view`]); the kernels of
+/// the other routes compile without that code.
+///
 /// Called by every block of the row (`rank` of `size`: its cluster, or one
 /// block reading every chunk); the counts are integers, so the threshold
 /// and the lists are the same whatever the blocks, and the cluster route
@@ -1337,16 +1571,25 @@ unsafe fn row_bins(hist: *const u32, base: u32, g: u32, size: u32) -> [u32; 8] {
 /// and is visible to every block of the row; `smem` is the selection
 /// kernels' dynamic shared memory.
 #[inline(always)]
-unsafe fn refine(row: Row, slots: Slots, rank: u32, size: u32, smem: *mut u8) -> RowView {
+unsafe fn refine<const LISTED: bool>(
+    row: Row,
+    slots: Slots,
+    rank: u32,
+    size: u32,
+    smem: *mut u8,
+) -> RowView {
     let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on the row's plan and block-reduced (or row-merged)
     // values, the same in every block of the row.
     unsafe {
         let rp = *slots.plan();
+        if LISTED && rp.flags & COVERED != 0 {
+            return covered_view(&rp, slots, smem);
+        }
         let plan = rp.plan;
         let view = row_view(slots, smem);
-        if rp.flags & 1 == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
+        if rp.flags & VALID == 0 || !plan.topk || plan.k > TOPK_TOPP_LIST_CAP {
             return view;
         }
         let (floor, cand) = (view.floor, view.cand);
@@ -1479,7 +1722,7 @@ unsafe fn select(
             valid: false,
             ranked: 0,
         };
-        if row_plan.flags & 1 == 0 {
+        if row_plan.flags & VALID == 0 {
             return (none, Source { row, list: None });
         }
         let plan = row_plan.plan;
@@ -1498,13 +1741,16 @@ unsafe fn select(
             cand,
             total_mass,
             counts,
+            ..
         } = view;
         let min_key = row_plan.keys[2];
         let is_cand = move |key: u32, _: f32| key >= floor && key >= min_key;
         // The lists hold every candidate when the floor is the first
         // tier's threshold and no chunk listed fewer than it found (a
         // second-tier or fallback floor reads the row).
-        let list = if floor >= t1 && counts.fit {
+        let list = if view.loaded.is_some() {
+            view.loaded
+        } else if floor >= t1 && counts.fit {
             Some(load_list(slots, counts.off, counts.total, floor, smem))
         } else {
             None
@@ -1926,7 +2172,13 @@ fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan
         RowPlan {
             plan,
             keys: [plan.t1.max(min_key), plan.t2.max(min_key), min_key],
-            flags: 1 | (u32::from(plan.topp && !plan.topk) << 1),
+            flags: VALID
+                | if plan.topp && !plan.topk {
+                    MASS_NEEDED
+                } else {
+                    0
+                },
+            wide: u32::MAX,
         }
     } else {
         RowPlan {
@@ -1942,7 +2194,92 @@ fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan
             },
             keys: [u32::MAX; 3],
             flags: 0,
+            wide: u32::MAX,
         }
+    }
+}
+
+/// One chunk's statistics partial, as [`stats_chunk`], and, for top-k
+/// `k >= 1` ([`cover::local_k`]; 0: no list), its list: every element at
+/// or above the chunk floor of the tier [`cover::local_choice`] picks, in
+/// the block's scan order, its count and its floor ([`cover::NO_LIST`]
+/// when no tier serves, or without a list: the row then takes the
+/// pre-filter pass). The chunk stays in registers from its loads to its
+/// list.
+///
+/// # Safety
+/// As [`block_reduce`] and [`Row::scan`]; `c` is a chunk of the row.
+#[inline(always)]
+unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem: *mut u8) {
+    let tid = arch::thread_idx_x();
+    let chunk = Row::chunk(row, c);
+    // SAFETY: the caller's contract covers every access; control flow
+    // depends only on `k` and block-reduced values (uniform).
+    unsafe {
+        // The chunk held as values, one register a slot: slots past the
+        // row's end hold -inf's, which changes neither the statistics (nor
+        // the merged largest key: every chunk holds an element, whose key
+        // is at least -inf's) nor any tier.
+        let x = chunk.load_chunk();
+        let mut st = RowStats::EMPTY;
+        each_quad(|v| st.add4([x[4 * v], x[4 * v + 1], x[4 * v + 2], x[4 * v + 3]], shift));
+        let st = block_reduce(st, smem as *mut RowStats);
+        if tid == 0 {
+            *slots.stats(c) = st;
+            if k == 0 {
+                *slots.floor(c) = cover::NO_LIST;
+            }
+        }
+        if k == 0 {
+            return;
+        }
+        // This thread's elements at or above each tier's floor, bit p for
+        // slot p: as floats where that decides as the keys do (each floor a
+        // number above -inf other than +0; NaN fails, as its key, -inf's,
+        // would), else as keys.
+        let t = cover::local_floor_keys(&st, shift, k);
+        let tf = [
+            f32::from_bits(f32_from_key(t[0])),
+            f32::from_bits(f32_from_key(t[1])),
+        ];
+        let exact = |t: f32| t > f32::NEG_INFINITY && t.to_bits() != 0;
+        let (mut h1, mut h2) = (0u32, 0u32);
+        if exact(tf[0]) && exact(tf[1]) {
+            each_slot(|p| {
+                h1 |= u32::from(x[p] >= tf[0]) << p;
+                h2 |= u32::from(x[p] >= tf[1]) << p;
+            });
+        } else {
+            each_slot(|p| {
+                let key = f32_key(x[p].to_bits());
+                h1 |= u32::from(key >= t[0]) << p;
+                h2 |= u32::from(key >= t[1]) << p;
+            });
+        }
+        // Both tiers' counts in one scan: a chunk's are below 2^16.
+        let (pre, tot) =
+            block_exclusive_scan(h1.count_ones() | (h2.count_ones() << 16), smem as *mut u32);
+        let counts = [tot & 0xffff, tot >> 16];
+        let cap = slots.lay.cap;
+        let (floor, n, hits, at) =
+            match cover::local_choice(counts, st.n_finite, st.n_posinf, k, cap) {
+                Some(LocalTier::First) => (t[0], counts[0], h1, pre & 0xffff),
+                Some(LocalTier::Second) => (t[1], counts[1], h2, pre >> 16),
+                Some(LocalTier::Finite) => {
+                    let mut h = 0u32;
+                    each_slot(|p| {
+                        h |= u32::from(f32_key(x[p].to_bits()) >= cover::LEAST_FINITE_KEY) << p
+                    });
+                    let (at, n) = block_exclusive_scan(h.count_ones(), smem as *mut u32);
+                    (cover::LEAST_FINITE_KEY, n, h, at)
+                }
+                None => (cover::NO_LIST, 0, 0, 0),
+            };
+        if tid == 0 {
+            *slots.floor(c) = floor;
+            *slots.count(c) = n;
+        }
+        list_hits(chunk, hits, at, slots.list(c), cap);
     }
 }
 
@@ -1971,6 +2308,38 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
     }
 }
 
+/// Pass 1 of the listing route: [`topk_topp_stats_f32`]'s statistics and,
+/// when the row's top-k is small ([`cover::local_k`]), the chunk's list
+/// ([`survey_chunk`]); else its floor is [`cover::NO_LIST`].
+///
+/// # Launch
+/// See the module docs (a block per chunk); `top_k` and `temperature` hold
+/// `batch` entries.
+///
+/// # Safety
+/// See the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_stats_listed_f32(
+    logits: *const f32,
+    top_k: *const u32,
+    temperature: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let (r, c, slots) = chunk_block(batch, vocab, ws);
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract in the module docs covers every access.
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let shift = RowStats::shift_of(*row.ptr);
+        let k = cover::local_k(*top_k.add(r as usize), *temperature.add(r as usize), vocab);
+        survey_chunk(row, c, shift, k, slots, smem);
+    }
+}
+
 /// Per row: merges the chunks' statistics and writes what the pre-filter
 /// pass needs of the row's plan ([`RowPlan`]).
 ///
@@ -1992,19 +2361,109 @@ pub unsafe extern "ptx-kernel" fn topk_topp_plan_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    // SAFETY: forwarded.
+    unsafe {
+        plan_row::<false>(
+            logits,
+            [top_k, top_p.cast(), min_p.cast(), temperature.cast()],
+            vocab,
+            row_stride,
+            batch,
+            ws,
+        )
+    }
+}
+
+/// [`topk_topp_plan_f32`] after [`topk_topp_stats_listed_f32`]: the plan,
+/// flagged [`COVERED`] when the statistics pass's chunk lists hold the
+/// row's candidates.
+///
+/// # Launch
+/// As [`topk_topp_plan_f32`], after the listing statistics pass.
+///
+/// # Safety
+/// See the module docs; the statistics pass of this call has completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_plan_listed_f32(
+    logits: *const f32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        plan_row::<true>(
+            logits,
+            [top_k, top_p.cast(), min_p.cast(), temperature.cast()],
+            vocab,
+            row_stride,
+            batch,
+            ws,
+        )
+    }
+}
+
+/// The plan kernels' work; `LISTED`: the statistics pass listed chunks
+/// (their floors are in the workspace), so the row may be [`COVERED`].
+/// `params` are the `top_k`, `top_p`, `min_p` and `temperature` arrays.
+///
+/// # Safety
+/// As the plan kernels.
+#[inline(always)]
+unsafe fn plan_row<const LISTED: bool>(
+    logits: *const f32,
+    params: [*const u32; 4],
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
     pass_start();
     let r = arch::block_idx_x();
     let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let [top_k, top_p, min_p, temperature] = params;
     // SAFETY: the launch contract in the module docs covers every access.
     unsafe {
         let slots = Slots::new(ws, batch, vocab, r);
         let shift = RowStats::shift_of(*logits.add(r as usize * row_stride as usize));
         let stats = merged_stats(slots, smem);
-        if arch::thread_idx_x() != 0 {
+        let tid = arch::thread_idx_x();
+        let mut f_max = 0;
+        if LISTED {
+            let (mut floor, mut c) = (0u32, tid);
+            while c < slots.lay.chunks {
+                floor = floor.max(*slots.floor(c));
+                c += ROW_THREADS;
+            }
+            f_max = block::block_max_u64(u64::from(floor), smem as *mut u64) as u32;
+        }
+        if tid != 0 {
             return;
         }
-        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
-        let out = row_plan(&stats, shift, vocab, params);
+        let params = read_params(
+            r as usize,
+            top_k,
+            top_p.cast(),
+            min_p.cast(),
+            temperature.cast(),
+        );
+        let mut out = row_plan(&stats, shift, vocab, params);
+        let plan = out.plan;
+        if LISTED
+            && out.flags & VALID != 0
+            && plan.topk
+            && slots.lay.chunks <= TOPK_TOPP_MAX_LISTED_CHUNKS
+            && cover::row_covered(f_max, stats.n_finite, stats.n_posinf, plan.k)
+        {
+            out.flags |= COVERED;
+            out.wide = f_max.max(out.keys[2]);
+        }
         *slots.plan() = out;
     }
 }
@@ -2037,6 +2496,53 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
     }
 }
 
+/// Pass 2 of the listing route: [`topk_topp_filter_f32`] over `group`
+/// consecutive chunks a block; nothing for a row the statistics pass's
+/// lists cover ([`COVERED`]), whose blocks end at once (hence several
+/// chunks a block at large batches: fewer blocks to start for nothing).
+///
+/// # Launch
+/// See the module docs, except the grid: `(batch * ceil(chunks / group), 1,
+/// 1)` blocks, `group >= 1`, block `b` taking chunks `group * (b % per_row)`
+/// on of row `b / per_row`, `per_row = ceil(chunks / group)`.
+///
+/// # Safety
+/// See the module docs; the plan kernel of this call has completed.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_filter_grouped_f32(
+    logits: *const f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    group: u32,
+    ws: *mut u64,
+) {
+    pass_start();
+    let lay = TopkToppLayout::new(batch, vocab);
+    let group = group.max(1);
+    let per_row = lay.chunks.div_ceil(group).max(1);
+    let b = arch::block_idx_x();
+    let r = b / per_row;
+    let slots = Slots {
+        lay,
+        ws,
+        r: r as usize,
+    };
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract in the module docs covers every access;
+    // the loop's bounds are uniform over the block.
+    unsafe {
+        let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
+        let plan = *slots.plan();
+        let mut c = group * (b % per_row);
+        let end = (c + group).min(lay.chunks);
+        while c < end {
+            filter_chunk(row, c, plan, slots, smem);
+            c += 1;
+        }
+    }
+}
+
 /// One chunk's pre-filter tiers and candidate list (see
 /// [`topk_topp_filter_f32`]) under the row's plan `plan`; nothing for a row
 /// with nothing finite and no +inf (the selection reads no partial of it).
@@ -2046,14 +2552,14 @@ pub unsafe extern "ptx-kernel" fn topk_topp_filter_f32(
 #[inline(always)]
 unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut u8) {
     let tid = arch::thread_idx_x();
-    if plan.flags & 1 == 0 {
+    if plan.flags & (VALID | COVERED) != VALID {
         return;
     }
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on the row's plan (uniform).
     unsafe {
         let (w, k) = (plan.plan.weights, plan.keys);
-        let mass_needed = plan.flags & 2 != 0;
+        let mass_needed = plan.flags & MASS_NEEDED != 0;
         let chunk = Row::chunk(row, c);
         // Two copies of the scan, so that rows without a top-p-only cut
         // (which needs no masses) skip the weights.
@@ -2119,7 +2625,7 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
             }
         }
         // The first tier's count is the scanned count's total.
-        let (mut at, tiers) = if mass_needed {
+        let (at, tiers) = if mass_needed {
             block_scan_reduce(acc.n[0], acc.tiers(), smem)
         } else {
             let (at, counts) = block_scan_reduce(acc.n[0], TierCounts(acc.n), smem);
@@ -2130,9 +2636,22 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
             *slots.tiers(c) = tiers;
             *slots.count(c) = total;
         }
-        // The list in scan order: each thread's candidates from its
-        // exclusive prefix on, read once more (L1 and L2 hold the chunk).
-        let (list, cap) = (slots.list(c), slots.lay.cap);
+        list_hits(chunk, hits, at, slots.list(c), slots.lay.cap);
+    }
+}
+
+/// Writes this thread's elements of `chunk` flagged in `hits` (bit `p`:
+/// its `p`-th slot) to `list` from entry `at` on, below `cap`, in scan
+/// order, each read once more (L1 and L2 hold the chunk): key in the low
+/// half, row index in the high half.
+///
+/// # Safety
+/// As [`Row::scan`]; `list` holds `cap` entries; `at` is this thread's
+/// exclusive prefix of the chunk's flagged elements.
+#[inline(always)]
+unsafe fn list_hits(chunk: Row, mut hits: u32, mut at: u32, list: *mut u64, cap: u32) {
+    // SAFETY: flagged slots lie inside the chunk; entries below cap.
+    unsafe {
         while hits != 0 && at < cap {
             let j = chunk.scan_slot(hits.trailing_zeros());
             hits &= hits - 1;
@@ -2166,6 +2685,48 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     ws: *mut u64,
     with_mass: u32,
 ) {
+    // SAFETY: forwarded.
+    unsafe { mask_kernel::<false>(logits, kept, vocab, row_stride, batch, ws, with_mass) }
+}
+
+/// [`topk_topp_mask_f32`] on the listing route: a [`COVERED`] row takes its
+/// candidates from the statistics pass's chunk lists.
+///
+/// # Launch
+/// As [`topk_topp_mask_f32`], after [`topk_topp_plan_listed_f32`] and
+/// [`topk_topp_filter_grouped_f32`].
+///
+/// # Safety
+/// See the module docs; both chunked passes of this call have completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_mask_listed_f32(
+    logits: *const f32,
+    kept: *mut u32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+    with_mass: u32,
+) {
+    // SAFETY: forwarded.
+    unsafe { mask_kernel::<true>(logits, kept, vocab, row_stride, batch, ws, with_mass) }
+}
+
+/// The mask kernels' work (`LISTED`: see [`refine`]).
+///
+/// # Safety
+/// As the mask kernels.
+#[inline(always)]
+unsafe fn mask_kernel<const LISTED: bool>(
+    logits: *const f32,
+    kept: *mut u32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+    with_mass: u32,
+) {
     pass_start();
     let r = arch::block_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
@@ -2174,7 +2735,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_mask_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        let view = refine(row, slots, 0, 1, smem);
+        let view = refine::<LISTED>(row, slots, 0, 1, smem);
         mask_row(row, slots, view, kept.add(r as usize), with_mass != 0, smem);
     }
 }
@@ -2594,6 +3155,61 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     batch: u32,
     ws: *mut u64,
 ) {
+    // SAFETY: forwarded.
+    unsafe {
+        sample_kernel::<false>(
+            logits, seed, offset, tokens, valid, vocab, row_stride, batch, ws,
+        )
+    }
+}
+
+/// [`topk_topp_sample_f32`] on the listing route: a [`COVERED`] row takes
+/// its candidates from the statistics pass's chunk lists.
+///
+/// # Launch
+/// As [`topk_topp_sample_f32`], after [`topk_topp_plan_listed_f32`] and
+/// [`topk_topp_filter_grouped_f32`].
+///
+/// # Safety
+/// See the module docs; both chunked passes of this call have completed.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_sample_listed_f32(
+    logits: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        sample_kernel::<true>(
+            logits, seed, offset, tokens, valid, vocab, row_stride, batch, ws,
+        )
+    }
+}
+
+/// The sample kernels' work (`LISTED`: see [`refine`]).
+///
+/// # Safety
+/// As the sample kernels.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sample_kernel<const LISTED: bool>(
+    logits: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    ws: *mut u64,
+) {
     pass_start();
     let r = arch::block_idx_x();
     // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
@@ -2602,7 +3218,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_sample_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let slots = Slots::new(ws, batch, vocab, r);
-        let view = refine(row, slots, 0, 1, smem);
+        let view = refine::<LISTED>(row, slots, 0, 1, smem);
         let r = r as usize;
         sample_row(
             row,
@@ -2856,7 +3472,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_mask_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        let view = refine(c.row, c.slots, c.rank, c.size, smem);
+        let view = refine::<false>(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             mask_row(c.row, c.slots, view, kept.add(c.r as usize), false, smem);
         }
@@ -2914,7 +3530,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_cluster_sample_f32(
             |r| read_params(r, top_k, top_p, min_p, temperature),
             smem,
         );
-        let view = refine(c.row, c.slots, c.rank, c.size, smem);
+        let view = refine::<false>(c.row, c.slots, c.rank, c.size, smem);
         if c.rank == 0 {
             let r = c.r as usize;
             sample_row(

@@ -31,10 +31,35 @@ const SPILL_ALLOW: &[(&str, &str, &str)] = &[
     ("fused_sample_f16_b128", "sm_90a", WS_SPILL),
     ("topk_topp_filter_f32", "sm_90", FILTER_SPILL),
     ("topk_topp_filter_f32", "sm_90a", FILTER_SPILL),
+    (
+        "topk_topp_filter_grouped_f32",
+        "sm_80",
+        GROUPED_FILTER_SPILL,
+    ),
+    (
+        "topk_topp_filter_grouped_f32",
+        "sm_89",
+        GROUPED_FILTER_SPILL,
+    ),
+    (
+        "topk_topp_filter_grouped_f32",
+        "sm_90",
+        GROUPED_FILTER_SPILL,
+    ),
+    (
+        "topk_topp_filter_grouped_f32",
+        "sm_90a",
+        GROUPED_FILTER_SPILL,
+    ),
 ];
 const FILTER_SPILL: &str = "the pre-filter pass at four blocks a multiprocessor (64 registers): \
      ptxas keeps one flag word in local memory in the scan that sums the tiers' masses (rows with \
      top-p and no top-k only; sm_90a SASS: one store and two loads a chunk)";
+const GROUPED_FILTER_SPILL: &str = "the listing route's pre-filter pass at four blocks a \
+     multiprocessor (64 registers), up to four chunks a block: ptxas keeps one to three words in \
+     local memory in the code of rows with top-p and no top-k only (the scan that sums the tiers' \
+     masses and their f64 reduction; sm_90a SASS: three stores and three loads a chunk; 8 bytes \
+     on sm_80 and sm_89)";
 const B64_SPILL: &str = "mma.sync path at its 128-register bound: ptxas keeps two \
      loop-invariant words (8 to 16 bytes) in local memory, stored before the step loop and \
      loaded once per step after the main loop (sm_80, sm_89 and sm_90 SASS: no local access \
