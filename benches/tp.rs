@@ -4,7 +4,10 @@
 //! unsharded fused kernel, then `TpSampler::one_device` with N in
 //! {2, 3, 4, 8} tile-aligned shards (each shard's launch on its own stream,
 //! sized for 1/N of the GPU, all writing one partial buffer, then the
-//! finish), both timed with CUDA events in the same run. The difference is
+//! finish), both timed with CUDA events in the same run, calls back to back
+//! on the stream and then the same calls replayed from CUDA graphs (as an
+//! engine that captures its decoding step runs them; the shards' fork and
+//! join are then graph edges, not stream events). The difference is
 //! what sharding adds on one GPU: the fork/join of the shard streams, N
 //! launches instead of one, the finish over the shards' parts. Target:
 //! at most 3 % over the unsharded kernel at B <= 64. (Between GPUs the
@@ -37,6 +40,8 @@ use std::sync::Arc;
 
 const SHARDS: [usize; 4] = [2, 3, 4, 8];
 const TARGET_ADDED: f64 = 0.03;
+/// Calls captured in one graph by the graph-replay timing.
+const GRAPH_CALLS: usize = 20;
 
 fn main() -> Result<()> {
     let Some(harness::Setup {
@@ -70,6 +75,10 @@ fn main() -> Result<()> {
     .ok();
     let mut misses = 0;
     let mut timelines = String::new();
+    // The same calls replayed from CUDA graphs (the shards' fork and join
+    // become graph edges), as an engine that captures its decoding step
+    // runs them.
+    let mut graphs = format!("{header} worst added | target | ok |\n{rule}---|---|---|\n");
     for (vocab, dim) in [(151_936usize, 4096usize), (128_256, 8192), (262_144, 5376)] {
         let batches: Vec<usize> = [1usize, 8, 64]
             .into_iter()
@@ -98,8 +107,15 @@ fn main() -> Result<()> {
             let t_one = time_us(&stream, 3, 5, |_| {
                 dev.fused_sample(&stream, &hv, &wv, None, shape, &params, &mut out, &mut ws)
             })?;
+            let g_one = harness::time_us_graph(&stream, GRAPH_CALLS, 2, 5, |_| {
+                dev.fused_sample(&stream, &hv, &wv, None, shape, &params, &mut out, &mut ws)
+            })?;
+            // Every sharded call, replayed or not, samples these tokens.
+            let want = stream.clone_dtoh(&out.tokens)?;
             let mut row = format!("| {vocab} | {dim} | {batch} | {t_one:.1} |");
+            let mut g_row = format!("| {vocab} | {dim} | {batch} | {g_one:.1} |");
             let mut worst = f64::NEG_INFINITY;
+            let mut g_worst = f64::NEG_INFINITY;
             for n in SHARDS {
                 let split = VocabSplit::tile_aligned(vocab, n)?;
                 let shard_streams = (0..n)
@@ -124,6 +140,17 @@ fn main() -> Result<()> {
                     .collect();
                 let outs = std::slice::from_mut(&mut out);
                 let t_tp = time_us(&stream, 3, 5, |_| tp.sample(shape, &inputs, outs))?;
+                let g_tp = harness::time_us_graph(&stream, GRAPH_CALLS, 2, 5, |_| {
+                    tp.sample(shape, &inputs, outs)
+                })?;
+                assert_eq!(
+                    stream.clone_dtoh(&outs[0].tokens)?,
+                    want,
+                    "V={vocab} d={dim} B={batch} N={n}: the replayed sharded call's tokens"
+                );
+                let g_added = g_tp / g_one - 1.0;
+                g_worst = g_worst.max(g_added);
+                write!(g_row, " {g_tp:.1} ({:+.1} %) |", g_added * 100.0).ok();
                 let ends = timeline(&stream, &shard_streams, || tp.sample(shape, &inputs, outs))?;
                 writeln!(
                     timelines,
@@ -142,8 +169,9 @@ fn main() -> Result<()> {
                 worst = worst.max(added);
                 write!(row, " {t_tp:.1} ({:+.1} %) |", added * 100.0).ok();
                 println!(
-                    "V={vocab} d={dim} B={batch} N={n}: unsharded {t_one:.1} us, sharded {t_tp:.1} us ({:+.2} %)",
-                    added * 100.0
+                    "V={vocab} d={dim} B={batch} N={n}: unsharded {t_one:.1} us, sharded {t_tp:.1} us ({:+.2} %); graphs {g_one:.1} us, {g_tp:.1} us ({:+.2} %)",
+                    added * 100.0,
+                    g_added * 100.0
                 );
             }
             let ok = worst <= TARGET_ADDED;
@@ -157,8 +185,19 @@ fn main() -> Result<()> {
             )
             .ok();
             table.push_str(&row);
+            writeln!(
+                g_row,
+                " {:+.1} % | {:.0} % | {} |",
+                g_worst * 100.0,
+                TARGET_ADDED * 100.0,
+                if g_worst <= TARGET_ADDED { "yes" } else { "NO" }
+            )
+            .ok();
+            graphs.push_str(&g_row);
         }
     }
+    table.push_str("\nThe same calls replayed from CUDA graphs (20 calls a graph):\n\n");
+    table.push_str(&graphs);
     table.push_str(
         "\nTimeline of one sharded call, the second of two back to back (us after its start; each shard's end is an event on its stream):\n\n\
          | V | d | B | N | unsharded us | first shard done | last shard done | call done | each shard done |\n\
