@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use flashsample::{Device, Result, Workspace};
 use half::bf16;
 use rand::rngs::StdRng;
@@ -66,51 +66,80 @@ pub fn time_us_joined(
         end.synchronize()?;
         times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / CALLS_PER_SAMPLE as f64);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[reps / 2])
+    Ok(median(times))
 }
 
 /// Median over `reps` replays of one CUDA graph of the calls `f(0)` to
-/// `f(calls - 1)`, per call, in microseconds, after `warmup` replays: how
-/// an engine that captures its decoding step runs a sampler (the launch
-/// gaps of a graph, not of a stream fed by the host). `f(0)` runs once
-/// directly first, so that every workspace is sized before the capture;
-/// `calls` should cover every rotated input, or the replays read them from
-/// L2.
+/// `f(calls - 1)` ([`CallGraph`]), per call, in microseconds, after
+/// `warmup` replays: how an engine that captures its decoding step runs a
+/// sampler (the launch gaps of a graph, not of a stream fed by the host).
 pub fn time_us_graph(
     stream: &Arc<CudaStream>,
     calls: usize,
     warmup: usize,
     reps: usize,
-    mut f: impl FnMut(usize) -> Result<()>,
+    f: impl FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
-    f(0)?;
-    stream.synchronize()?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..calls.max(1)).try_for_each(&mut f);
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?;
-    captured?;
-    let graph = graph.ok_or_else(|| flashsample::Error::InvalidParam {
-        name: "calls",
-        value: "the capture recorded no launch".into(),
-    })?;
+    let graph = CallGraph::capture(stream, calls, f)?;
     for _ in 0..warmup {
-        graph.launch()?;
+        graph.graph.launch()?;
     }
-    let ctx = stream.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        start.record(stream)?;
-        graph.launch()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / calls.max(1) as f64);
+    graph.time_us(stream, reps)
+}
+
+/// One CUDA graph of `calls` calls, timed by replays.
+pub struct CallGraph {
+    graph: CudaGraph,
+    calls: usize,
+}
+
+impl CallGraph {
+    /// Captures the calls `f(0)` to `f(calls - 1)` on `stream`. `f(0)` runs
+    /// once directly first, so that every workspace is sized before the
+    /// capture; `calls` should cover every rotated input, or the replays
+    /// read them from L2.
+    pub fn capture(
+        stream: &Arc<CudaStream>,
+        calls: usize,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<CallGraph> {
+        let calls = calls.max(1);
+        f(0)?;
+        stream.synchronize()?;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = (0..calls).try_for_each(&mut f);
+        let graph = stream.end_capture(
+            CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        )?;
+        captured?;
+        let graph = graph.ok_or_else(|| flashsample::Error::InvalidParam {
+            name: "calls",
+            value: "the capture recorded no launch".into(),
+        })?;
+        Ok(CallGraph { graph, calls })
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+
+    /// Median over `reps` replays of the time per call, in microseconds.
+    pub fn time_us(&self, stream: &Arc<CudaStream>, reps: usize) -> Result<f64> {
+        let ctx = stream.context();
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            start.record(stream)?;
+            self.graph.launch()?;
+            end.record(stream)?;
+            end.synchronize()?;
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / self.calls as f64);
+        }
+        Ok(median(times))
+    }
+}
+
+/// The median of `v` (the upper one of an even count); NaN when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// `n` bf16 values of root-mean-square `rms`: a Gaussian row of up to 16 Mi
