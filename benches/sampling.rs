@@ -90,7 +90,7 @@ fn main() -> Result<()> {
                 let bufs: Vec<CudaSlice<f32>> = (0..copies)
                     .map(|_| stream.clone_htod(&host))
                     .collect::<Result<_, _>>()?;
-                let t = time_us(&stream, 5, 9, |i| {
+                let mut call = |i: usize| {
                     dev.sampling_from_logits(
                         &stream,
                         &bufs[i % copies].as_view(),
@@ -99,18 +99,10 @@ fn main() -> Result<()> {
                         &mut out,
                         &mut ws,
                     )
-                })?;
+                };
+                let t = time_us(&stream, 5, 9, &mut call)?;
                 // The same calls replayed from a graph (every copy once).
-                let tg = harness::time_us_graph(&stream, copies.max(20), 2, 5, |i| {
-                    dev.sampling_from_logits(
-                        &stream,
-                        &bufs[i % copies].as_view(),
-                        rows,
-                        &params,
-                        &mut out,
-                        &mut ws,
-                    )
-                })?;
+                let tg = harness::time_us_graph(&stream, copies.max(20), 2, 5, &mut call)?;
                 let ok = t <= target;
                 failures += usize::from(!ok);
                 let case = format!("sampling_from_logits f32 B={batch} V={vocab}");

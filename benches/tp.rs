@@ -115,12 +115,11 @@ fn main() -> Result<()> {
             // over the case (B = 64 moved by up to 8 % between runs) weighs
             // on both alike; each added cost is the ratio of its own pairs'
             // medians.
-            let g_one = harness::CallGraph::capture(&stream, GRAPH_CALLS, |_| {
-                dev.fused_sample(&stream, &hv, &wv, None, shape, &params, &mut out, &mut ws)
-            })?;
-            time_us(&stream, 3, 1, |_| {
-                dev.fused_sample(&stream, &hv, &wv, None, shape, &params, &mut out, &mut ws)
-            })?;
+            let mut unsharded = |out: &mut FusedOutput| {
+                dev.fused_sample(&stream, &hv, &wv, None, shape, &params, out, &mut ws)
+            };
+            let g_one = harness::CallGraph::capture(&stream, GRAPH_CALLS, |_| unsharded(&mut out))?;
+            time_us(&stream, 3, 1, |_| unsharded(&mut out))?;
             // Every sharded call, replayed or not, samples these tokens.
             let want = stream.clone_dtoh(&out.tokens)?;
             let (mut ones, mut g_ones) = (Vec::new(), Vec::new());
@@ -149,42 +148,33 @@ fn main() -> Result<()> {
                         params: &params,
                     })
                     .collect();
-                let g_tp = harness::CallGraph::capture(&stream, GRAPH_CALLS, |_| {
-                    tp.sample(shape, &inputs, std::slice::from_mut(&mut out))
-                })?;
+                let mut sharded =
+                    |out: &mut FusedOutput| tp.sample(shape, &inputs, std::slice::from_mut(out));
+                let g_tp =
+                    harness::CallGraph::capture(&stream, GRAPH_CALLS, |_| sharded(&mut out))?;
                 g_tp.time_us(&stream, 1)?;
                 assert_eq!(
                     stream.clone_dtoh(&out.tokens)?,
                     want,
                     "V={vocab} d={dim} B={batch} N={n}: the replayed sharded call's tokens"
                 );
-                time_us(&stream, 3, 1, |_| {
-                    tp.sample(shape, &inputs, std::slice::from_mut(&mut out))
-                })?;
-                let mut pairs = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+                time_us(&stream, 3, 1, |_| sharded(&mut out))?;
+                // [unsharded, sharded] samples, on streams and from graphs.
+                let (mut stream_t, mut graph_t) = ([vec![], vec![]], [vec![], vec![]]);
                 for _ in 0..PAIRS {
-                    pairs[0].push(time_us(&stream, 0, 1, |_| {
-                        dev.fused_sample(&stream, &hv, &wv, None, shape, &params, &mut out, &mut ws)
-                    })?);
-                    pairs[1].push(time_us(&stream, 0, 1, |_| {
-                        tp.sample(shape, &inputs, std::slice::from_mut(&mut out))
-                    })?);
-                    pairs[2].push(g_one.time_us(&stream, 1)?);
-                    pairs[3].push(g_tp.time_us(&stream, 1)?);
+                    stream_t[0].push(time_us(&stream, 0, 1, |_| unsharded(&mut out))?);
+                    stream_t[1].push(time_us(&stream, 0, 1, |_| sharded(&mut out))?);
+                    graph_t[0].push(g_one.time_us(&stream, 1)?);
+                    graph_t[1].push(g_tp.time_us(&stream, 1)?);
                 }
-                let [one, t_tp, g_one_n, g_tp_n] = pairs.map(|v| {
-                    let m = harness::median(v.clone());
-                    (m, v)
-                });
-                ones.extend(one.1);
-                g_ones.extend(g_one_n.1);
-                let (t_one_n, t_tp, g_one_n, g_tp) = (one.0, t_tp.0, g_one_n.0, g_tp_n.0);
+                ones.extend(&stream_t[0]);
+                g_ones.extend(&graph_t[0]);
+                let [t_one_n, t_tp] = stream_t.map(harness::median);
+                let [g_one_n, g_tp] = graph_t.map(harness::median);
                 let g_added = g_tp / g_one_n - 1.0;
                 g_worst = g_worst.max(g_added);
                 write!(g_cells, " {g_tp:.1} ({:+.1} %) |", g_added * 100.0).ok();
-                let ends = timeline(&stream, &shard_streams, || {
-                    tp.sample(shape, &inputs, std::slice::from_mut(&mut out))
-                })?;
+                let ends = timeline(&stream, &shard_streams, || sharded(&mut out))?;
                 writeln!(
                     timelines,
                     "| {vocab} | {dim} | {batch} | {n} | {t_one_n:.1} | {:.1} | {:.1} | {:.1} | {} |",
