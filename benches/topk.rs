@@ -30,11 +30,17 @@
 //!
 //! First table, per case: the planned route, the floor at the read
 //! bandwidth measured in this run (masking reads and writes B x V x 4
-//! bytes, sampling reads them once), the kernel's median time per call,
-//! their ratio, for masking the target (1.5 x floor + 5 us for B >= 8, 15
-//! us at B = 1), and up to B = 128 the time of the other route (the chunked
-//! passes against the cluster route of the row's size, where the GPU runs
-//! it) in the same run.
+//! bytes, sampling reads them once), the kernel's median time per call
+//! launched on the stream and replayed from a CUDA graph of the same calls
+//! (as an engine that captures its decoding step runs them, and as the
+//! issue's references were measured; pristine copies and the flush outside
+//! the replay, as above), the stream time's ratio to the floor, for masking
+//! the target (1.5 x floor + 5 us for B >= 8, 15 us at B = 1) and whether
+//! each time meets it, and up to B = 128 the time of the other route in
+//! the same run (the chunked passes against the cluster route of the row's
+//! size, where the GPU runs it, below B = 32, and against the listing
+//! passes from B = 32; the listing passes against the plain ones from B =
+//! 512).
 //!
 //! Second table, per (V, distribution, k, p): the selection statistics of
 //! the portable driver the kernels run (`flashsample::kernels::pivot::
@@ -140,6 +146,40 @@ impl Pristine {
         };
         let warm = sample()?;
         let reps = ((BUDGET_US / (warm * calls)) as usize).clamp(1, MAX_REPS);
+        let mut times = (0..reps).map(|_| sample()).collect::<Result<Vec<_>>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[reps / 2])
+    }
+
+    /// As [`Pristine::time`], the calls replayed from one CUDA graph (call
+    /// `i` on copy `i`, captured once), as an engine that captures its
+    /// decoding step runs them: before each replay every copy gets `src`
+    /// again and L2 is flushed, outside the timed region.
+    fn time_graph(
+        &mut self,
+        dev: &Device,
+        stream: &Arc<CudaStream>,
+        ws: &mut Workspace,
+        src: &CudaView<'_, f32>,
+        mut f: impl FnMut(&mut CudaViewMut<'_, f32>, &mut Workspace) -> Result<()>,
+    ) -> Result<f64> {
+        let len = src.len();
+        let calls = self.copies.len();
+        let graph = {
+            let copies = &mut self.copies;
+            harness::CallGraph::capture(stream, calls, |i| {
+                f(&mut copies[i].slice_mut(..len), ws)
+            })?
+        };
+        let mut sample = || -> Result<f64> {
+            for copy in &mut self.copies {
+                stream.memcpy_dtod(src, &mut copy.slice_mut(..len))?;
+            }
+            dev.read_once(stream, &self.flush.as_view(), ws)?;
+            graph.time_us(stream, 1)
+        };
+        let warm = sample()?;
+        let reps = ((BUDGET_US / (warm * calls as f64)) as usize).clamp(1, MAX_REPS);
         let mut times = (0..reps).map(|_| sample()).collect::<Result<Vec<_>>>()?;
         times.sort_by(f64::total_cmp);
         Ok(times[reps / 2])
@@ -317,7 +357,7 @@ fn main() -> Result<()> {
     .ok();
     writeln!(
         table,
-        "| case | route | floor us | kernel us | ratio | target us | ok | other route | other us |\n|---|---|---|---|---|---|---|---|---|"
+        "| case | route | floor us | kernel us | graph us | ratio | target us | ok | graph ok | other route | other us |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     .ok();
     let mut stats = String::from(
@@ -412,6 +452,9 @@ fn main() -> Result<()> {
                         TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed => {
                             Some(TopkToppRoute::Chunked)
                         }
+                        // From B = 32 the cluster route would take
+                        // several waves: the listing passes instead.
+                        TopkToppRoute::Chunked if batch >= 32 => Some(TopkToppRoute::Listed),
                         TopkToppRoute::Chunked => {
                             Some(cluster).filter(|c| *c != TopkToppRoute::Chunked)
                         }
@@ -439,6 +482,22 @@ fn main() -> Result<()> {
                                 )
                             })?;
                     }
+                    // The planned route's calls replayed from CUDA graphs.
+                    ws.force_topk_topp_route(Some(planned));
+                    let g_mask = pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
+                        dev.top_k_top_p_mask_logits(&stream, logits, shape, &params, &mut kept, ws)
+                    })?;
+                    let g_sample =
+                        pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
+                            dev.sample_top_k_top_p(
+                                &stream,
+                                &logits.as_view(),
+                                shape,
+                                &params,
+                                &mut out,
+                                ws,
+                            )
+                        })?;
                     ws.force_topk_topp_route(None);
                     let [[t_mask, t_sample], [o_mask, o_sample]] = times;
                     let route_name = |r: TopkToppRoute| match r {
@@ -449,23 +508,25 @@ fn main() -> Result<()> {
                     let other_name = other.map_or("-".to_string(), route_name);
                     let ok = t_mask <= target;
                     failures += usize::from(!ok);
+                    let yes = |ok: bool| if ok { "yes" } else { "NO" };
                     writeln!(
                         table,
-                        "| top_k_top_p_mask_logits {case} | {} | {mask_floor:.1} | {t_mask:.1} | {:.2} | {target:.1} | {} | {other_name} | {o_mask:.1} |",
+                        "| top_k_top_p_mask_logits {case} | {} | {mask_floor:.1} | {t_mask:.1} | {g_mask:.1} | {:.2} | {target:.1} | {} | {} | {other_name} | {o_mask:.1} |",
                         route_name(planned),
                         t_mask / mask_floor,
-                        if ok { "yes" } else { "NO" }
+                        yes(ok),
+                        yes(g_mask <= target)
                     )
                     .ok();
                     writeln!(
                         table,
-                        "| sample_top_k_top_p {case} | {} | {floor:.1} | {t_sample:.1} | {:.2} | - | - | {other_name} | {o_sample:.1} |",
+                        "| sample_top_k_top_p {case} | {} | {floor:.1} | {t_sample:.1} | {g_sample:.1} | {:.2} | - | - | - | {other_name} | {o_sample:.1} |",
                         route_name(planned),
                         t_sample / floor
                     )
                     .ok();
                     println!(
-                        "{case}: {} mask {t_mask:.1} us (floor {mask_floor:.1}), sample {t_sample:.1} us (floor {floor:.1}); {other_name} mask {o_mask:.1} sample {o_sample:.1}",
+                        "{case}: {} mask {t_mask:.1} us (graph {g_mask:.1}, floor {mask_floor:.1}), sample {t_sample:.1} us (graph {g_sample:.1}, floor {floor:.1}); {other_name} mask {o_mask:.1} sample {o_sample:.1}",
                         route_name(planned)
                     );
                 }
