@@ -49,8 +49,8 @@ pub use radix_topk::{
 pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
 pub use topk_topp::{
-    Half, LISTED_MIN_BATCH, MAX_TOPK_TOPP_CLUSTER, TopkToppCaps, TopkToppRoute, TruncElem,
-    TruncParams, plan_topk_topp_route,
+    Half, LISTED_MIN_BATCH, LISTED_MIN_BATCH_SHORT, LISTED_MIN_CHUNKS, MAX_TOPK_TOPP_CLUSTER,
+    TopkToppCaps, TopkToppRoute, TruncElem, TruncParams, plan_topk_topp_route,
 };
 pub use tp::{MAX_SHARDS, TpSampler, VocabSplit, nccl_present};
 pub use unfused::Unfused;

@@ -130,15 +130,30 @@ pub enum TopkToppRoute {
 }
 
 /// Smallest batch the planner lists chunks for
-/// ([`TopkToppRoute::Listed`]). Measured on the H200 (session 20, p = 0.9,
-/// against the plain passes at B = 512 and 1024): k = 50 masking 8.5 to 11
-/// % and sampling 8 to 17 % faster on Gaussian and bf16-quantised rows, 1
-/// to 10 % and 4 to 12 % on real SmolLM2 rows; heavy-tailed rows 6 % faster
-/// at V = 32000 but 4 to 10 % slower from V = 151936 (their chunks rarely
-/// list); k = 1000 (no lists) within -1 to +2.6 %. Session 19, the listing
-/// passes on every batch: 3 to 26 % slower at B <= 32 (a longer listing
-/// pass and selection).
-pub const LISTED_MIN_BATCH: usize = 512;
+/// ([`TopkToppRoute::Listed`]) on rows of at least
+/// [`LISTED_MIN_CHUNKS`] chunks; shorter rows from
+/// [`LISTED_MIN_BATCH_SHORT`]. Measured on the H200 (p = 0.9, against the
+/// plain passes):
+/// - session 20, B = 512 and 1024: k = 50 masking 8.5 to 11 % and sampling
+///   8 to 17 % faster on Gaussian and bf16-quantised rows, 1 to 10 % and 4
+///   to 12 % on real SmolLM2 rows; heavy-tailed rows 6 % faster at V =
+///   32000 but 4 to 10 % slower from V = 151936 (their chunks rarely
+///   list); k = 1000 (no lists) within -1 to +2.6 %;
+/// - session 22, B = 128, V = 128256 to 262144: k = 50 masking 6.7 to 8.0
+///   % and sampling 5 to 10 % faster on Gaussian and bf16-quantised rows,
+///   heavy-tailed rows 1.5 to 8 % (masking) and 5 to 13 % (sampling)
+///   slower, k = 1000 1 to 2 % slower; at V = 32000 Gaussian rows even,
+///   heavy-tailed 7 % slower; at B = 32 the listing passes lose 4 to 12 %
+///   everywhere (session 19: 3 to 26 % at B <= 32).
+pub const LISTED_MIN_BATCH: usize = 128;
+
+/// Smallest batch the planner lists chunks for on rows of fewer than
+/// [`LISTED_MIN_CHUNKS`] chunks (see [`LISTED_MIN_BATCH`]).
+pub const LISTED_MIN_BATCH_SHORT: usize = 512;
+
+/// Chunks (of 8192 elements) a row needs to be listed from
+/// [`LISTED_MIN_BATCH`] rows on: V = 65536 and more.
+pub const LISTED_MIN_CHUNKS: u32 = 8;
 
 /// What the route planner knows of a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +171,9 @@ pub struct TopkToppCaps {
 /// and 41.1 for the chunked passes, but 94 against 55 at B = 32, where its
 /// clusters take two waves; with two chunks a block (V = 151936, 262144)
 /// it lost at every batch. Chunked calls of at least [`LISTED_MIN_BATCH`]
-/// rows list chunks ([`TopkToppRoute::Listed`]).
+/// rows of at least [`LISTED_MIN_CHUNKS`] chunks, or of at least
+/// [`LISTED_MIN_BATCH_SHORT`] shorter rows, list chunks
+/// ([`TopkToppRoute::Listed`]).
 ///
 /// ```
 /// use flashsample::{Rows, TopkToppCaps, TopkToppRoute, plan_topk_topp_route};
@@ -170,8 +187,10 @@ pub struct TopkToppCaps {
 /// assert_eq!(route(32, 128_256), TopkToppRoute::Chunked);
 /// assert_eq!(route(1, 151_936), TopkToppRoute::Chunked);
 /// assert_eq!(route(1, 8192), TopkToppRoute::Chunked);
-/// assert_eq!(route(511, 128_256), TopkToppRoute::Chunked);
-/// assert_eq!(route(512, 128_256), TopkToppRoute::Listed);
+/// assert_eq!(route(127, 128_256), TopkToppRoute::Chunked);
+/// assert_eq!(route(128, 128_256), TopkToppRoute::Listed);
+/// assert_eq!(route(128, 32_000), TopkToppRoute::Chunked);
+/// assert_eq!(route(512, 32_000), TopkToppRoute::Listed);
 /// ```
 pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
     let chunks = TopkToppLayout::new(1, rows.vocab.min(u32::MAX as usize) as u32).chunks;
@@ -181,7 +200,9 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
         .map_or(0, |&n| u64::from(n));
     if chunks >= 2 && rows.batch as u64 <= slots {
         TopkToppRoute::Cluster { ctas: chunks }
-    } else if rows.batch >= LISTED_MIN_BATCH {
+    } else if rows.batch >= LISTED_MIN_BATCH_SHORT
+        || (rows.batch >= LISTED_MIN_BATCH && chunks >= LISTED_MIN_CHUNKS)
+    {
         TopkToppRoute::Listed
     } else {
         TopkToppRoute::Chunked
