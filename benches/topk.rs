@@ -167,9 +167,7 @@ impl Pristine {
         let calls = self.copies.len();
         let graph = {
             let copies = &mut self.copies;
-            harness::CallGraph::capture(stream, calls, |i| {
-                f(&mut copies[i].slice_mut(..len), ws)
-            })?
+            harness::CallGraph::capture(stream, calls, |i| f(&mut copies[i].slice_mut(..len), ws))?
         };
         let mut sample = || -> Result<f64> {
             for copy in &mut self.copies {
@@ -484,9 +482,12 @@ fn main() -> Result<()> {
                     }
                     // The planned route's calls replayed from CUDA graphs.
                     ws.force_topk_topp_route(Some(planned));
-                    let g_mask = pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
-                        dev.top_k_top_p_mask_logits(&stream, logits, shape, &params, &mut kept, ws)
-                    })?;
+                    let g_mask =
+                        pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
+                            dev.top_k_top_p_mask_logits(
+                                &stream, logits, shape, &params, &mut kept, ws,
+                            )
+                        })?;
                     let g_sample =
                         pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
                             dev.sample_top_k_top_p(
