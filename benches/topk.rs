@@ -121,12 +121,13 @@ impl Pristine {
         })
     }
 
-    /// Median time per call of `f` on pristine logits `src`: before each
-    /// sample (outside the timed region) every copy gets `src` again and L2
-    /// is flushed; call `i` of a sample runs on copy `i`. One warm-up
-    /// sample, then 1 to `MAX_REPS` samples within `BUDGET_US`.
+    /// Median time per call of `f` on pristine logits `src` (call `i` of a
+    /// sample on copy `i`, [`Pristine::median`]): launched on the stream,
+    /// or with `replay` captured once in a CUDA graph and replayed, as an
+    /// engine that captures its decoding step runs them.
     fn time(
         &mut self,
+        replay: bool,
         dev: &Device,
         stream: &Arc<CudaStream>,
         ws: &mut Workspace,
@@ -134,51 +135,42 @@ impl Pristine {
         mut f: impl FnMut(&mut CudaViewMut<'_, f32>, &mut Workspace) -> Result<()>,
     ) -> Result<f64> {
         let len = src.len();
-        let calls = self.copies.len() as f64;
-        let mut sample = || -> Result<f64> {
-            for copy in &mut self.copies {
-                stream.memcpy_dtod(src, &mut copy.slice_mut(..len))?;
-            }
-            dev.read_once(stream, &self.flush.as_view(), ws)?;
-            time_us(stream, 0, 1, |i| {
-                f(&mut self.copies[i].slice_mut(..len), ws)
-            })
-        };
-        let warm = sample()?;
-        let reps = ((BUDGET_US / (warm * calls)) as usize).clamp(1, MAX_REPS);
-        let mut times = (0..reps).map(|_| sample()).collect::<Result<Vec<_>>>()?;
-        times.sort_by(f64::total_cmp);
-        Ok(times[reps / 2])
-    }
-
-    /// As [`Pristine::time`], the calls replayed from one CUDA graph (call
-    /// `i` on copy `i`, captured once), as an engine that captures its
-    /// decoding step runs them: before each replay every copy gets `src`
-    /// again and L2 is flushed, outside the timed region.
-    fn time_graph(
-        &mut self,
-        dev: &Device,
-        stream: &Arc<CudaStream>,
-        ws: &mut Workspace,
-        src: &CudaView<'_, f32>,
-        mut f: impl FnMut(&mut CudaViewMut<'_, f32>, &mut Workspace) -> Result<()>,
-    ) -> Result<f64> {
-        let len = src.len();
+        if !replay {
+            return self.median(dev, stream, ws, src, |copies, ws| {
+                time_us(stream, 0, 1, |i| f(&mut copies[i].slice_mut(..len), ws))
+            });
+        }
         let calls = self.copies.len();
         let graph = {
             let copies = &mut self.copies;
             harness::CallGraph::capture(stream, calls, |i| f(&mut copies[i].slice_mut(..len), ws))?
         };
-        let mut sample = || -> Result<f64> {
+        self.median(dev, stream, ws, src, |_, _| graph.time_us(stream, 1))
+    }
+
+    /// Median of `sample`'s time per call: before each sample (outside the
+    /// timed region) every copy gets `src` again and L2 is flushed. One
+    /// warm-up sample, then 1 to `MAX_REPS` samples within `BUDGET_US`.
+    fn median(
+        &mut self,
+        dev: &Device,
+        stream: &Arc<CudaStream>,
+        ws: &mut Workspace,
+        src: &CudaView<'_, f32>,
+        mut sample: impl FnMut(&mut [CudaSlice<f32>], &mut Workspace) -> Result<f64>,
+    ) -> Result<f64> {
+        let len = src.len();
+        let calls = self.copies.len() as f64;
+        let mut restored = || -> Result<f64> {
             for copy in &mut self.copies {
                 stream.memcpy_dtod(src, &mut copy.slice_mut(..len))?;
             }
             dev.read_once(stream, &self.flush.as_view(), ws)?;
-            graph.time_us(stream, 1)
+            sample(&mut self.copies, ws)
         };
-        let warm = sample()?;
-        let reps = ((BUDGET_US / (warm * calls as f64)) as usize).clamp(1, MAX_REPS);
-        let mut times = (0..reps).map(|_| sample()).collect::<Result<Vec<_>>>()?;
+        let warm = restored()?;
+        let reps = ((BUDGET_US / (warm * calls)) as usize).clamp(1, MAX_REPS);
+        let mut times = (0..reps).map(|_| restored()).collect::<Result<Vec<_>>>()?;
         times.sort_by(f64::total_cmp);
         Ok(times[reps / 2])
     }
@@ -286,7 +278,7 @@ fn other_calls(
                 .ok();
                 println!("{call} {case}: {t:.1} us (floor {floor:.1})");
             };
-            let t = pristine.time(dev, stream, ws, &src, |logits, ws| {
+            let t = pristine.time(false, dev, stream, ws, &src, |logits, ws| {
                 dev.top_k_top_p_renorm_probs(
                     stream,
                     &logits.as_view(),
@@ -298,7 +290,7 @@ fn other_calls(
                 )
             })?;
             line("top_k_top_p_renorm_probs f32", 2.0 * floor, t);
-            let t = pristine.time(dev, stream, ws, &src, |logits, ws| {
+            let t = pristine.time(false, dev, stream, ws, &src, |logits, ws| {
                 dev.top_k_top_p_kept_set(
                     stream,
                     &logits.as_view(),
@@ -313,11 +305,11 @@ fn other_calls(
             line("top_k_top_p_kept_set f32", floor, t);
             // The 16-bit calls read `half_src` (the pristine copies go
             // unused); reads only, so every call sees the same rows.
-            let t = pristine.time(dev, stream, ws, &src, |_, ws| {
+            let t = pristine.time(false, dev, stream, ws, &src, |_, ws| {
                 dev.sample_top_k_top_p(stream, &half_src, shape, &params, &mut out, ws)
             })?;
             line("sample_top_k_top_p bf16", floor / 2.0, t);
-            let t = pristine.time(dev, stream, ws, &src, |_, ws| {
+            let t = pristine.time(false, dev, stream, ws, &src, |_, ws| {
                 dev.top_k_top_p_renorm_probs(
                     stream,
                     &half_src,
@@ -458,18 +450,25 @@ fn main() -> Result<()> {
                         }
                     }
                     .filter(|_| batch <= 128 || planned == TopkToppRoute::Listed);
-                    let mut times = [[f64::NAN; 2]; 2];
-                    for (i, route) in [Some(planned), other].into_iter().enumerate() {
+                    // Both calls on the planned route, on the other one,
+                    // and on the planned route replayed from CUDA graphs.
+                    let mut times = [[f64::NAN; 2]; 3];
+                    let runs = [
+                        (Some(planned), false),
+                        (other, false),
+                        (Some(planned), true),
+                    ];
+                    for (i, (route, replay)) in runs.into_iter().enumerate() {
                         let Some(route) = route else { continue };
                         ws.force_topk_topp_route(Some(route));
                         times[i][0] =
-                            pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                            pristine.time(replay, &dev, &stream, &mut ws, &src, |logits, ws| {
                                 dev.top_k_top_p_mask_logits(
                                     &stream, logits, shape, &params, &mut kept, ws,
                                 )
                             })?;
                         times[i][1] =
-                            pristine.time(&dev, &stream, &mut ws, &src, |logits, ws| {
+                            pristine.time(replay, &dev, &stream, &mut ws, &src, |logits, ws| {
                                 dev.sample_top_k_top_p(
                                     &stream,
                                     &logits.as_view(),
@@ -480,27 +479,8 @@ fn main() -> Result<()> {
                                 )
                             })?;
                     }
-                    // The planned route's calls replayed from CUDA graphs.
-                    ws.force_topk_topp_route(Some(planned));
-                    let g_mask =
-                        pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
-                            dev.top_k_top_p_mask_logits(
-                                &stream, logits, shape, &params, &mut kept, ws,
-                            )
-                        })?;
-                    let g_sample =
-                        pristine.time_graph(&dev, &stream, &mut ws, &src, |logits, ws| {
-                            dev.sample_top_k_top_p(
-                                &stream,
-                                &logits.as_view(),
-                                shape,
-                                &params,
-                                &mut out,
-                                ws,
-                            )
-                        })?;
                     ws.force_topk_topp_route(None);
-                    let [[t_mask, t_sample], [o_mask, o_sample]] = times;
+                    let [[t_mask, t_sample], [o_mask, o_sample], [g_mask, g_sample]] = times;
                     let route_name = |r: TopkToppRoute| match r {
                         TopkToppRoute::Chunked => "chunked".to_string(),
                         TopkToppRoute::Listed => "listed".to_string(),
