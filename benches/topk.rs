@@ -37,10 +37,12 @@
 //! the replay, as above), the stream time's ratio to the floor, for masking
 //! the target (1.5 x floor + 5 us for B >= 8, 15 us at B = 1) and whether
 //! each time meets it, and up to B = 128 the time of the other route in
-//! the same run (the chunked passes against the cluster route of the row's
-//! size, where the GPU runs it, below B = 32, and against the listing
-//! passes from B = 32; the listing passes against the plain ones from B =
-//! 512).
+//! the same run: where the planner lists chunks (`flashsample::
+//! LISTED_MIN_BATCH` rows of long rows, `LISTED_MIN_BATCH_SHORT` of short
+//! ones) the plain chunked passes; where it takes the chunked passes, the
+//! listing passes from B = 32 and below that the cluster route of the
+//! row's size, where the GPU runs it; on the cluster route, the chunked
+//! passes.
 //!
 //! Second table, per (V, distribution, k, p): the selection statistics of
 //! the portable driver the kernels run (`flashsample::kernels::pivot::
@@ -436,8 +438,8 @@ fn main() -> Result<()> {
                         1.5 * mask_floor + 5.0
                     };
                     let planned = dev.topk_topp_route(shape);
-                    // The other route, up to B = 128, where the GPU runs it,
-                    // and the plain passes against the listing ones.
+                    // The other route (see the module docs): up to B = 128,
+                    // and at every batch the planner lists.
                     let other = match planned {
                         TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed => {
                             Some(TopkToppRoute::Chunked)
