@@ -12,8 +12,8 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 # compute cache; a cache in /tmp of up to 4 GiB (the largest it takes)
 # holds the modules of several builds at once, so processes alternating
 # between two builds (ab-bundle, a bench against a variant) compile each
-# module once (session 23: a bench that took 78 to 93 s as its build's
-# first process took 17 to 19 s after another build's process had run).
+# module once (session 23: the topk bench took 93 s as its build's first
+# process, and 18 s as the next process of a build compiled earlier).
 export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-/tmp/flashsample-cuda-cache}"
 export CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
 
