@@ -3347,11 +3347,12 @@ fn row_cluster() -> (u32, u32) {
 
 /// A barrier over the row's cluster: every block's global-memory writes
 /// before it are visible to every block of the cluster after it (release
-/// and acquire at cluster scope; a block barrier in a cluster of one).
+/// and acquire at cluster scope, one fence a block:
+/// [`arch::cluster_sync_cumulative`]; a block barrier in a cluster of one).
 #[inline(always)]
 fn row_cluster_sync() {
     #[cfg(target_feature = "sm_90")]
-    arch::cluster_sync();
+    arch::cluster_sync_cumulative();
     #[cfg(not(target_feature = "sm_90"))]
     arch::bar_sync();
 }
