@@ -71,48 +71,84 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
 }
 
 /// Sorts the first `n` words of `buf` descending, `n` at most the block's
-/// threads and the words distinct: thread `t` takes word `t`, counts the
-/// words above it (`n` shared-memory reads, every lane of a warp reading
-/// the same word) and stores it at that rank. Three block barriers in all,
-/// where a bitonic network over 256 words takes 36 steps of a
-/// compare-exchange each (ncu, session 14: 42 % of the k = 50 selection
-/// kernel's samples, most of them at its barriers). Starts and ends with a
-/// block barrier.
+/// `threads` and the words distinct: word `e` is taken by `s` consecutive
+/// threads (`s` the largest power of two up to `2^MAX_SHIFT`, at most 8,
+/// with `n s <= threads`), each counting the words above it among every
+/// `s`-th word from its own offset (the `s` threads of a word read `s` adjacent words at once, one
+/// shared-memory wavefront; the threads of other words read the same
+/// ones), their counts summed by butterfly shuffles; the first stores the
+/// word at its rank. Three block barriers in all, where a bitonic network
+/// over 256 words takes 36 steps of a compare-exchange each (ncu, session
+/// 14: 42 % of the k = 50 selection kernel's samples, most of them at its
+/// barriers); `s` threads a word cut each thread's reads from `n` to
+/// `n / s` (every warp runs the loop: the block's issue slots, not one
+/// thread's latency, bound it). Starts and ends with a block barrier.
+///
+/// Measured on the H200 (session 24, V = 128256, k = 50): with up to 8
+/// threads a word the radix kernels' row end is 0.7 to 1.2 us faster on
+/// every route (B = 1 to 128), but the Qrita selection kernels are 0.5 to
+/// 1 us slower on the cluster route and 1 to 2 % slower on the listing
+/// route at B >= 512 (cause not found; those kernels sit at their
+/// 128-register bound), so they sort with one thread a word
+/// (`MAX_SHIFT = 0`, the same code as before).
 ///
 /// # Safety
-/// Every thread of the block calls it; `n` is at most the block's threads;
-/// `buf` is shared memory of at least `n` distinct words, which no one
-/// else touches meanwhile.
+/// Every thread of a block of `threads` (a multiple of 32) calls it; `n`
+/// is at most `threads`; `buf` is shared memory of at least `n` distinct
+/// words, which no one else touches meanwhile.
 #[inline(always)]
-pub unsafe fn rank_sort_desc(buf: *mut u64, n: u32) {
+pub unsafe fn rank_sort_desc<const MAX_SHIFT: u32>(buf: *mut u64, n: u32, threads: u32) {
     let tid = arch::thread_idx_x();
+    // log2 of the threads a word (uniform over the block).
+    let shift = if MAX_SHIFT >= 3 && 8 * n <= threads {
+        3
+    } else if MAX_SHIFT >= 2 && 4 * n <= threads {
+        2
+    } else if MAX_SHIFT >= 1 && 2 * n <= threads {
+        1
+    } else {
+        0
+    };
+    let s = 1u32 << shift;
+    let (e, c) = (tid >> shift, tid & (s - 1));
     // SAFETY: reads and writes below n (caller's contract); every read of
     // the words is between the first two barriers, every write after the
     // second.
     unsafe {
         arch::bar_sync();
-        let mine = if tid < n { *buf.add(tid as usize) } else { 0 };
+        let mine = if e < n { *buf.add(e as usize) } else { 0 };
         let mut rank = 0u32;
-        let mut j = 0;
-        while j + 4 <= n {
+        let mut j = c;
+        while j + 3 * s < n {
             let w = [
                 *buf.add(j as usize),
-                *buf.add(j as usize + 1),
-                *buf.add(j as usize + 2),
-                *buf.add(j as usize + 3),
+                *buf.add((j + s) as usize),
+                *buf.add((j + 2 * s) as usize),
+                *buf.add((j + 3 * s) as usize),
             ];
             rank += u32::from(w[0] > mine)
                 + u32::from(w[1] > mine)
                 + u32::from(w[2] > mine)
                 + u32::from(w[3] > mine);
-            j += 4;
+            j += 4 * s;
         }
         while j < n {
             rank += u32::from(*buf.add(j as usize) > mine);
-            j += 1;
+            j += s;
+        }
+        // The word's threads are lanes `e s .. e s + s` of one warp (s
+        // divides 32); every lane of every warp shuffles.
+        if shift >= 1 {
+            rank += arch::shfl_bfly_u32(rank, 1);
+        }
+        if shift >= 2 {
+            rank += arch::shfl_bfly_u32(rank, 2);
+        }
+        if shift >= 3 {
+            rank += arch::shfl_bfly_u32(rank, 4);
         }
         arch::bar_sync();
-        if tid < n {
+        if e < n && c == 0 {
             *buf.add(rank as usize) = mine;
         }
         arch::bar_sync();

@@ -1321,7 +1321,7 @@ unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: 
     unsafe {
         // The gathered composites are distinct (each holds its index).
         if n <= THREADS {
-            block::rank_sort_desc(smem.gather(), n);
+            block::rank_sort_desc::<3>(smem.gather(), n, THREADS);
         } else {
             block::bitonic_sort_desc(smem.gather(), n, THREADS);
         }

@@ -1945,7 +1945,7 @@ unsafe fn sort_cut(
         // The sort's first barrier follows the conversion; the order words
         // are distinct (each holds its index).
         if n <= ROW_THREADS {
-            block::rank_sort_desc(order, n);
+            block::rank_sort_desc::<0>(order, n, ROW_THREADS);
         } else {
             block::bitonic_sort_desc(order, n, ROW_THREADS);
         }
