@@ -85,12 +85,13 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
 /// thread's latency, bound it). Starts and ends with a block barrier.
 ///
 /// Measured on the H200 (session 24, V = 128256, k = 50): with up to 8
-/// threads a word the radix kernels' row end is 0.7 to 1.2 us faster on
-/// every route (B = 1 to 128), but the Qrita selection kernels are 0.5 to
-/// 1 us slower on the cluster route and 1 to 2 % slower on the listing
-/// route at B >= 512 (cause not found; those kernels sit at their
-/// 128-register bound), so they sort with one thread a word
-/// (`MAX_SHIFT = 0`, the same code as before).
+/// threads a word the radix kernels (512 threads, gathers of about 50 to
+/// 200 keys) are 0.5 to 0.9 us faster on every route from B = 1 to 128.
+/// The Qrita selection kernels (256 threads) were 0.5 to 1 us slower on
+/// the cluster route and 1 to 2 % slower at B >= 512, although their lists
+/// of about 170 candidates take one thread a word either way: the loss
+/// came with the code's shape in kernels at their 128-register bound, not
+/// with the arithmetic. They sort with `MAX_SHIFT = 0`, the loop they had.
 ///
 /// # Safety
 /// Every thread of a block of `threads` (a multiple of 32) calls it; `n`
