@@ -301,6 +301,15 @@ pub fn fence_acq_rel_gpu() {
     unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
 }
 
+/// `fence.acq_rel.cluster`: orders this thread's memory accesses at
+/// cluster scope (sm_90; a GPU-wide `MEMBAR` in SASS).
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub fn fence_acq_rel_cluster() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.cluster;", options(nostack)) };
+}
+
 /// `atom.acq_rel.gpu.global.add.u32`: returns the old value.
 ///
 /// # Safety
@@ -623,8 +632,7 @@ pub fn barrier_cluster_arrive_relaxed() {
 pub fn cluster_sync_cumulative() {
     bar_sync();
     if thread_idx_x() == 0 {
-        // SAFETY: a fence has no operands.
-        unsafe { asm!("fence.acq_rel.cluster;", options(nostack)) };
+        fence_acq_rel_cluster();
     }
     barrier_cluster_arrive_relaxed();
     barrier_cluster_wait();

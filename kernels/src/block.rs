@@ -74,10 +74,10 @@ pub unsafe fn block_max_u64(v: u64, smem: *mut u64) -> u64 {
 /// `threads` and the words distinct: word `e` is taken by `s` consecutive
 /// threads (`s` the largest power of two up to `2^MAX_SHIFT`, at most 8,
 /// with `n s <= threads`), each counting the words above it among every
-/// `s`-th word from its own offset (the `s` threads of a word read `s` adjacent words at once, one
-/// shared-memory wavefront; the threads of other words read the same
-/// ones), their counts summed by butterfly shuffles; the first stores the
-/// word at its rank. Three block barriers in all, where a bitonic network
+/// `s`-th word from its own offset (the `s` threads of a word read `s`
+/// adjacent words at once, one shared-memory wavefront; the threads of
+/// other words read the same ones), their counts summed by butterfly
+/// shuffles; the first stores the word at its rank. Three block barriers in all, where a bitonic network
 /// over 256 words takes 36 steps of a compare-exchange each (ncu, session
 /// 14: 42 % of the k = 50 selection kernel's samples, most of them at its
 /// barriers); `s` threads a word cut each thread's reads from `n` to
