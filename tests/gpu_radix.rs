@@ -422,8 +422,10 @@ fn tokens_on_gpu(
 }
 
 /// The routes to compare on this GPU for `rows`: the planned one, one CTA
-/// per row, a cooperative launch, clusters of 2 and of the largest size
-/// where the GPU has clusters, and the filter route where it runs.
+/// per row, a cooperative launch, clusters of 2, 3 (a size that is not a
+/// power of two: the crossing's slices then end unevenly) and of the
+/// largest size where the GPU has clusters, and the filter route where it
+/// runs.
 fn routes(dev: &Device, rows: Rows) -> Vec<Route> {
     let caps = dev.radix_caps().unwrap();
     let mut v = vec![
@@ -433,6 +435,9 @@ fn routes(dev: &Device, rows: Rows) -> Vec<Route> {
     ];
     if caps.max_cluster >= 2 {
         v.push(Route::Cluster { ctas: 2 });
+        v.push(Route::Cluster {
+            ctas: caps.max_cluster.min(3),
+        });
         v.push(Route::Cluster {
             ctas: caps.max_cluster,
         });

@@ -481,8 +481,8 @@ pub const MODE_SAMPLE: u32 = 2;
 pub const RADIX_THREADS: u32 = 512;
 
 /// Bytes of a CTA's reduced histogram slice in a cluster of at least two
-/// (at most half of the [`BUCKETS`] counts), plus 16 for the slice total.
-pub const RADIX_SLICE_BYTES: u32 = BUCKETS / 2 * 4 + 16;
+/// (at most half of the [`BUCKETS`] counts).
+pub const RADIX_SLICE_BYTES: u32 = BUCKETS / 2 * 4;
 
 /// Dynamic shared memory of a radix CTA before its chunk cache: two
 /// histograms, the gather buffer, 512 bytes of reduction scratch and the

@@ -99,7 +99,6 @@ const HIST_BYTES: usize = BUCKETS as usize * 4;
 const GATHER_OFF: usize = 2 * HIST_BYTES;
 const SCRATCH_OFF: usize = GATHER_OFF + GATHER_CAP as usize * 8;
 const SLICE_OFF: usize = SCRATCH_OFF + 512;
-const SLICE_TOTAL_OFF: usize = SLICE_OFF + BUCKETS as usize / 2 * 4;
 const CACHE_OFF: usize = RADIX_FIXED_SMEM as usize;
 // Scratch: per-warp scan partials (u64), then control words (u32).
 const CTL_OFF: usize = SCRATCH_OFF + WARPS as usize * 8;
@@ -119,7 +118,8 @@ const CTL_WORDS: usize = 10;
 const CANDIDATES_OFF: usize = SLICE_OFF;
 
 const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= SLICE_OFF);
-const _: () = assert!(SLICE_TOTAL_OFF + 16 == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
+const _: () =
+    assert!(SLICE_OFF + BUCKETS as usize / 2 * 4 == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
 const _: () = assert!(CACHE_OFF.is_multiple_of(16) && GATHER_OFF.is_multiple_of(16));
 const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_multiple_of(8));
 const _: () = assert!(CANDIDATES_OFF == FILTER_FIXED_SMEM as usize);
@@ -246,13 +246,6 @@ impl Smem {
     #[inline(always)]
     fn slice(self) -> *mut Quad {
         self.region(SLICE_OFF)
-    }
-
-    /// The total of the reduced slice.
-    #[cfg(target_feature = "sm_90")]
-    #[inline(always)]
-    fn slice_total(self) -> *mut u32 {
-        self.region(SLICE_TOTAL_OFF)
     }
 
     /// The row cache, after the fixed part.
@@ -998,96 +991,89 @@ unsafe fn settle_crossing(smem: Smem, c: [u32; 4], group: u32, base: u32, need: 
     }
 }
 
-/// [`find_crossing`] for a cluster of two or more CTAs, by reduce-scatter:
-/// each CTA sums one slice of the digit groups over every CTA's histogram
-/// (a slice of `BUCKETS / 4 / size` groups from each CTA, 8 KiB in all,
-/// instead of every CTA reading every histogram: 64 KiB per CTA at eight,
-/// which the profile showed bound by distributed shared memory, about
-/// 2 us), publishes the reduced slice and its total, then every CTA finds
-/// the slice holding the crossing from the totals and the crossing inside
-/// it from that slice alone. Integer sums: the same crossing as
-/// [`find_crossing`].
+/// [`find_crossing`] for a cluster of two or more CTAs, by reduce-scatter
+/// in two rounds of distributed shared memory, one remote 16-byte load a
+/// thread each:
+/// - each CTA sums one slice of the digit groups (`per` = `BUCKETS / 4 /
+///   size` rounded up) over every CTA's histogram: thread `t` loads slice
+///   group `t / S` of CTA `t % S` (`S` the cluster size rounded up to a
+///   power of two, so a group's `S` loads sit in adjacent lanes of one
+///   warp), butterfly shuffles over the `S` lanes sum them, and the group's
+///   first lane publishes the sum;
+/// - after a cluster barrier, thread `t` reads digit group
+///   `BUCKETS / 4 - 1 - t` of the reduced histogram from the CTA whose
+///   slice holds it, and the block scan of [`settle_crossing`] finds the
+///   crossing.
+///
+/// Every CTA reads 8 KiB remotely a pass, not every histogram (64 KiB per
+/// CTA at eight, which the profile showed bound by distributed shared
+/// memory, about 2 us). The form before (one warp loading its slice four
+/// CTAs at a time, then slice totals, a search for the slice holding the
+/// crossing and a read of that slice) took 3.4 us a pass at B = 1 on the
+/// H200 (session 25's phase stamps); this one is 1.6 us faster a call.
+/// Integer sums: the same crossing as [`find_crossing`].
 ///
 /// # Safety
 /// Every thread of every CTA of the cluster calls it after the pass's
-/// `share`. The slice is written before this call's cluster barrier and
-/// read after it; the next write is after the next pass's (or row's)
-/// `share`, which every CTA reaches only after its reads.
+/// `share`; the cluster has at most 32 CTAs. The slice is written before
+/// this call's cluster barrier and read after it; the next write is after
+/// the next pass's (or row's) `share`, which every CTA reaches only after
+/// its reads.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
 unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> Crossing {
     const GROUPS: u32 = BUCKETS / 4;
     let tid = arch::thread_idx_x();
-    let lane = tid % 32;
     let (rank, size) = (x.rank(), x.size());
-    let per = GROUPS.div_ceil(size.max(1));
-    // SAFETY: the caller's contract; slice positions below `per <=
-    // GROUPS / 2` (size >= 2), remote reads of running CTAs.
+    let per = GROUPS.div_ceil(size.max(1)).max(1);
+    // Lanes a slice group (uniform): 2^shift, up to 32.
+    let shift = size.next_power_of_two().trailing_zeros().min(5);
+    let lanes = 1 << shift;
+    let from = tid & (lanes - 1);
+    // SAFETY: the caller's contract; slice positions below `per <= GROUPS /
+    // 2` (size >= 2), remote reads of running CTAs.
     unsafe {
-        // This CTA's slice, summed over the CTAs four loads at a time.
-        let g = rank * per + tid;
-        let mut c = [0u32; 4];
-        if tid < per && g < GROUPS {
-            let load = |r: u32| {
-                if r < size {
-                    x.load4(smem, parity, r, g)
-                } else {
-                    [0; 4]
-                }
+        // This CTA's slice: rounds of THREADS / lanes groups, uniform over
+        // the block (every lane shuffles in every round).
+        let mut first = 0;
+        while first < per {
+            let j = first + (tid >> shift);
+            let g = rank * per + j;
+            let mut c = if j < per && g < GROUPS && from < size {
+                x.load4(smem, parity, from, g)
+            } else {
+                [0; 4]
             };
-            let mut r = 0;
-            while r < size {
-                let (a, b, d, e) = (load(r), load(r + 1), load(r + 2), load(r + 3));
-                c = add4(add4(c, a), add4(add4(b, d), e));
-                r += 4;
+            let mut m = 1;
+            while m < lanes {
+                c = add4(
+                    c,
+                    [
+                        arch::shfl_bfly_u32(c[0], m),
+                        arch::shfl_bfly_u32(c[1], m),
+                        arch::shfl_bfly_u32(c[2], m),
+                        arch::shfl_bfly_u32(c[3], m),
+                    ],
+                );
+                m <<= 1;
             }
-            *smem.slice().add(tid as usize) = Quad(c);
-        }
-        let (_, total) = block_scan(u64::from(c[0] + c[1] + c[2] + c[3]), smem);
-        if tid == 0 {
-            *smem.slice_total() = total as u32;
+            if from == 0 && j < per {
+                *smem.slice().add(j as usize) = Quad(c);
+            }
+            first += THREADS >> shift;
         }
         arch::cluster_sync();
 
-        // The slice holding the crossing: lane l reads slice l's total;
-        // higher slices hold higher digits.
-        let remote_total = |r: u32| {
-            arch::ld_shared_cluster_v4_u32(arch::mapa_shared_cluster(
-                arch::smem_addr(smem.slice_total()),
-                r,
-            ))[0]
-        };
-        let t = if lane < size { remote_total(lane) } else { 0 };
-        let mut above = 0;
-        let mut j = 0;
-        while j < 32 {
-            let tj = arch::shfl_idx_u32(t, j);
-            if j > lane {
-                above += tj;
-            }
-            j += 1;
-        }
-        let hit = arch::ballot(lane < size && above < need && above + t >= need);
-        let (owner, base) = if hit != 0 {
-            let owner = hit.trailing_zeros();
-            (owner, arch::shfl_idx_u32(above, owner))
-        } else {
-            (size, 0)
-        };
-
-        // Thread t's group, from the owner's reduced slice when it is one
-        // of the owner's (no slice holds the crossing: all zeros).
+        // Thread t's group, from the reduced slice of the CTA that owns it
+        // (`per * size >= GROUPS`: every group has one).
         let group = GROUPS - 1 - tid;
-        let first = owner * per;
-        let mut c = [0u32; 4];
-        if owner < size && group >= first && group - first < per {
-            let local = smem.slice().add((group - first) as usize) as *const u32;
-            c = arch::ld_shared_cluster_v4_u32(arch::mapa_shared_cluster(
-                arch::smem_addr(local),
-                owner,
-            ));
-        }
-        settle_crossing(smem, c, group, base, need)
+        let owner = group / per;
+        let local = smem.slice().add((group - owner * per) as usize) as *const u32;
+        let c = arch::ld_shared_cluster_v4_u32(arch::mapa_shared_cluster(
+            arch::smem_addr(local),
+            owner,
+        ));
+        settle_crossing(smem, c, group, 0, need)
     }
 }
 
