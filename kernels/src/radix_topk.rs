@@ -1203,7 +1203,16 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
     unsafe {
         if k <= 64 {
             if tid < 32 {
-                draw_row(out, smem, row, k, tid, warp_scan, arch::bar_warp_sync);
+                draw_row(
+                    out,
+                    smem,
+                    row,
+                    k,
+                    tid,
+                    warp_scan,
+                    arch::redux_add_u32,
+                    arch::bar_warp_sync,
+                );
             }
         } else {
             draw_row(
@@ -1213,6 +1222,7 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
                 k,
                 tid,
                 |v| block_scan(v, smem),
+                |v| block_scan(u64::from(v), smem).1 as u32,
                 arch::bar_sync,
             );
         }
@@ -1221,13 +1231,16 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
 
 /// [`sample_row`] on a group of threads: thread `t` of the group holds
 /// slab entries `2 t` and `2 t + 1` (the group holds at least `k`); `scan`
-/// is the group's exclusive prefix sum and total, `sync` its barrier.
+/// is the group's exclusive prefix sum and total, `count` its sum of small
+/// counts (the kept entries, the entries before the draw: one `redux` on a
+/// warp where a scan takes twelve dependent shuffles), `sync` its barrier.
 ///
 /// # Safety
 /// Every thread of the group calls it with the same arguments but `t`; the
 /// sampling pointers hold the row; the control word `CTL_MASS` is written
 /// before `sync` and read after it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn draw_row(
     out: &Outputs,
     smem: Smem,
@@ -1235,6 +1248,7 @@ unsafe fn draw_row(
     k: u32,
     t: u32,
     scan: impl Fn(u64) -> (u64, u64),
+    count: impl Fn(u32) -> u32,
     sync: fn(),
 ) {
     let r = row as usize;
@@ -1264,8 +1278,7 @@ unsafe fn draw_row(
         let threshold = top_p_threshold(*out.top_p.add(r), total);
         let keeps = u32::from(i0 < k && top_p_keeps(i0, e0, threshold))
             + u32::from(i1 < k && top_p_keeps(i1, p0, threshold));
-        let (_, kept) = scan(u64::from(keeps));
-        let kept = kept as u32;
+        let kept = count(keeps);
         let mass_word = smem.ctl(CTL_MASS) as *mut u64;
         if i0 + 1 == kept {
             *mass_word = p0;
@@ -1283,8 +1296,7 @@ unsafe fn draw_row(
         let target = draw_target(u, kept_mass);
         let before = u32::from(i0 < kept && before_draw(p0, target))
             + u32::from(i1 < kept && before_draw(p1, target));
-        let (_, position) = scan(u64::from(before));
-        let position = position as u32;
+        let position = count(before);
         if t == 0 {
             let at = position.min(kept - 1);
             *out.tokens.add(r) = composite_index(*buf.add(at as usize));
