@@ -71,10 +71,10 @@ use crate::philox;
 use crate::radix_select::{
     BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS,
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
-    MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, RadixSelect, SLAB,
-    before_draw, composite, composite_bits, composite_index, crossing_in_group, draw_target,
-    filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit, seed_threshold,
-    slab_len, top_p_keeps, top_p_threshold,
+    MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
+    RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
+    draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
+    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -119,7 +119,7 @@ const CANDIDATES_OFF: usize = SLICE_OFF;
 
 const _: () = assert!(CTL_OFF + CTL_WORDS * 4 <= SLICE_OFF);
 const _: () =
-    assert!(SLICE_OFF + BUCKETS as usize / 2 * 4 == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
+    assert!(SLICE_OFF + RADIX_SLICE_BYTES as usize == CACHE_OFF && SLICE_OFF.is_multiple_of(16));
 const _: () = assert!(CACHE_OFF.is_multiple_of(16) && GATHER_OFF.is_multiple_of(16));
 const _: () = assert!(CTL_OFF.is_multiple_of(8) && (CTL_OFF + CTL_MASS * 4).is_multiple_of(8));
 const _: () = assert!(CANDIDATES_OFF == FILTER_FIXED_SMEM as usize);
@@ -953,14 +953,14 @@ unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) 
             c = add4(c, x.load4(smem, parity, rank, group));
             rank += 1;
         }
-        settle_crossing(smem, c, group, 0, need)
+        settle_crossing(smem, c, group, need)
     }
 }
 
 /// The crossing from this thread's counts `c` of digit group `group`
-/// (thread `t` holding group `BUCKETS / 4 - 1 - t`, or zeros), with `base`
-/// keys above every group the threads hold: the thread whose group holds
-/// it publishes it, every thread returns it (all zeros when no group
+/// (thread `t` holding group `BUCKETS / 4 - 1 - t`, so that a scan in
+/// thread order counts the keys in higher groups): the thread whose group
+/// holds it publishes it, every thread returns it (all zeros when no group
 /// does, which a well-formed row never sees but keeps a malformed one
 /// deterministic).
 ///
@@ -968,7 +968,7 @@ unsafe fn find_crossing<X: Exchange>(x: &X, smem: Smem, parity: u32, need: u32) 
 /// Every thread of the block calls it; control words of this block, written
 /// before the scan's barriers and read after the next barrier.
 #[inline(always)]
-unsafe fn settle_crossing(smem: Smem, c: [u32; 4], group: u32, base: u32, need: u32) -> Crossing {
+unsafe fn settle_crossing(smem: Smem, c: [u32; 4], group: u32, need: u32) -> Crossing {
     // SAFETY: the caller's contract.
     unsafe {
         if arch::thread_idx_x() == 0 {
@@ -977,7 +977,7 @@ unsafe fn settle_crossing(smem: Smem, c: [u32; 4], group: u32, base: u32, need: 
             *smem.ctl(CTL_COUNT) = 0;
         }
         let (above, _) = block_scan(u64::from(c[0] + c[1] + c[2] + c[3]), smem);
-        if let Some(found) = crossing_in_group(c, group, base + above as u32, need) {
+        if let Some(found) = crossing_in_group(c, group, above as u32, need) {
             *smem.ctl(CTL_DIGIT) = found.digit;
             *smem.ctl(CTL_ABOVE) = found.above;
             *smem.ctl(CTL_COUNT) = found.count;
@@ -1073,7 +1073,7 @@ unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> 
             arch::smem_addr(local),
             owner,
         ));
-        settle_crossing(smem, c, group, 0, need)
+        settle_crossing(smem, c, group, need)
     }
 }
 
