@@ -569,17 +569,67 @@ pub const fn filter_smem_bytes(cap: u32, staged: bool) -> u32 {
     fixed + 8 * cap
 }
 
+/// Most keys the end of a filter row sorts as they are, without a final
+/// select over its candidate buffer (the sort ranks up to
+/// [`RADIX_THREADS`] keys in one step).
+pub const FILTER_DIRECT_KEYS: u32 = RADIX_THREADS;
+
+/// Rounds before a row's end of the filter kernel's late compaction
+/// ([`filter_compacts`]): the compaction after round `rounds -
+/// FILTER_LATE_ROUNDS` runs while the staged kernel's later rounds (a full
+/// ring, `FILTER_STAGES - 1` of them) are in flight.
+pub const FILTER_LATE_ROUNDS: u32 = FILTER_STAGES;
+
 /// Whether the filter kernel compacts its candidate buffer after round
 /// `round` (of `rounds`), holding `count` keys in a buffer of `cap`
-/// (`compacted`: whether it compacted before in this row): when the next
-/// round might not fit (`count > cap - FILTER_ROUND_KEYS`), and once early,
-/// as soon as more than [`GATHER_CAP`] keys were seen, so that the
-/// threshold becomes selective after the first round. Never after the last
-/// round (the final select follows).
+/// (`compacted`: whether it compacted before in this row) for the top `k`:
+/// when the next round might not fit (`count > cap - FILTER_ROUND_KEYS`);
+/// once early, as soon as more than [`GATHER_CAP`] keys were seen, so that
+/// the threshold becomes selective after the first round; and late, after
+/// round `rounds - FILTER_LATE_ROUNDS`, when the buffer holds more than
+/// [`FILTER_DIRECT_KEYS`] keys and `k` is at most half that, so that the
+/// few keys the last rounds push leave the buffer short enough to be
+/// sorted without a final select ([`filter_direct`]): that select then
+/// runs while the last rounds stream in instead of after them. Never after
+/// the last round (the final select follows).
 #[inline(always)]
-pub fn filter_compacts(round: u32, rounds: u32, count: u32, cap: u32, compacted: bool) -> bool {
+pub fn filter_compacts(
+    round: u32,
+    rounds: u32,
+    count: u32,
+    cap: u32,
+    compacted: bool,
+    k: u32,
+) -> bool {
     round + 1 < rounds
-        && (count > cap.saturating_sub(FILTER_ROUND_KEYS) || (!compacted && count > GATHER_CAP))
+        && (count > cap.saturating_sub(FILTER_ROUND_KEYS)
+            || (!compacted && count > GATHER_CAP)
+            || (round + FILTER_LATE_ROUNDS == rounds
+                && 2 * k <= FILTER_DIRECT_KEYS
+                && count > FILTER_DIRECT_KEYS))
+}
+
+/// Whether the end of a filter row sorts its `count` candidates as they
+/// are (they hold the row's top keys, and keys below them) instead of
+/// selecting among them first.
+#[inline(always)]
+pub fn filter_direct(count: u32) -> bool {
+    count <= FILTER_DIRECT_KEYS
+}
+
+/// Whether the filter kernel's seed histograms only each thread's largest
+/// element of the first round (one key a thread, [`RADIX_THREADS`] of
+/// them) instead of all of the round's elements: for `k` up to the
+/// threads. At least `k` of those maxima lie in the crossing bucket or
+/// above it, and they are distinct elements of the round, so the seed's
+/// threshold still never exceeds the row's `k`-th key. The top `k` of the
+/// maxima are nearly those of the round (they differ where one thread
+/// holds two of them), so the threshold is about as selective, for a
+/// histogram of 512 keys instead of 8192 (the seed was about 2.2 us of
+/// the first round's 3 us at B = 128 on the H200, session 25).
+#[inline(always)]
+pub fn seed_by_maxima(k: u32) -> bool {
+    k <= RADIX_THREADS
 }
 
 /// The filter kernel's first threshold of a row from the crossing digit
@@ -616,7 +666,8 @@ pub struct FilterStats {
     pub slab: Vec<u64>,
     /// Compactions during the streaming pass.
     pub compactions: u32,
-    /// Radix passes: the first round's seed, compactions and final select.
+    /// Radix passes: the first round's seed, compactions and the final
+    /// select (none when [`filter_direct`]).
     pub passes: u32,
     /// Keys pushed into the buffer over the row.
     pub pushed: u32,
@@ -635,8 +686,8 @@ pub struct FilterStats {
 /// [`filter_pushes`] passes pushed into a buffer of `cap` keys,
 /// compactions where [`filter_compacts`] says (the radix select of
 /// [`RadixSelect`] over the buffer; the threshold rises to its result and
-/// the buffer keeps the keys at or above it), the final select, the gather
-/// and the sort. Its slab equals
+/// the buffer keeps the keys at or above it), the final select and the
+/// gather (unless [`filter_direct`]) and the sort. Its slab equals
 /// [`select_slab`]'s; the statistics say what the kernel does on a row.
 /// `cap` is at least [`FILTER_MIN_CAP`] (the host's guarantee; below it the
 /// emulation still runs, and `peak` says by how much the kernel's buffer
@@ -683,10 +734,27 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
         let first = r * FILTER_ROUND_GROUPS * 4;
         let last = ((r + 1) * FILTER_ROUND_GROUPS * 4).min(misalign + vocab);
         if r == 0 {
-            // The seed: one pass over the round's first digits.
+            // The seed: one pass over the round's first digits, or over
+            // those of each thread's largest element (thread `t` holds the
+            // slots of groups `t + j RADIX_THREADS`, j < FILTER_ROUND_VECS;
+            // a thread without a slot in the row counts a zero).
             let mut hist = [0u32; BUCKETS as usize];
-            for s in first.max(misalign)..last {
-                hist[first_digit(prob_bits(row[(s - misalign) as usize])) as usize] += 1;
+            let inside = |s: u32| s >= misalign && s < last;
+            let bits = |s: u32| prob_bits(row[(s - misalign) as usize]);
+            if seed_by_maxima(k) {
+                for t in 0..RADIX_THREADS {
+                    let top = (0..FILTER_ROUND_VECS)
+                        .flat_map(|j| (0..4).map(move |e| 4 * (t + j * RADIX_THREADS) + e))
+                        .filter(|&s| inside(s))
+                        .map(bits)
+                        .max()
+                        .unwrap_or(0);
+                    hist[first_digit(top) as usize] += 1;
+                }
+            } else {
+                for s in first.max(misalign)..last {
+                    hist[first_digit(bits(s)) as usize] += 1;
+                }
             }
             stats.passes += 1;
             t = seed_threshold(crossing_of(&hist, k).digit);
@@ -699,7 +767,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             }
         }
         stats.peak = stats.peak.max(buf.len() as u32);
-        if filter_compacts(r, rounds, buf.len() as u32, cap, compacted) {
+        if filter_compacts(r, rounds, buf.len() as u32, cap, compacted, k) {
             t = narrow(&buf, &mut stats.passes).max(t);
             buf.retain(|&x| x >= t);
             stats.max_kept = stats.max_kept.max(buf.len() as u32);
@@ -707,8 +775,10 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             compacted = true;
         }
     }
-    let threshold = narrow(&buf, &mut stats.passes).max(t);
-    buf.retain(|&x| x >= threshold);
+    if !filter_direct(buf.len() as u32) {
+        let threshold = narrow(&buf, &mut stats.passes).max(t);
+        buf.retain(|&x| x >= threshold);
+    }
     stats.gathered = buf.len() as u32;
     buf.sort_unstable_by(|a, b| b.cmp(a));
     buf.truncate(k as usize);
@@ -981,13 +1051,14 @@ mod tests {
     #[test]
     fn filter_seeds_once_on_rows_in_random_order() {
         // V = 128256, k = 50, values in random order. Values over many
-        // octaves: the first round's seed settles (no compaction) and is
-        // selective from the first round on. A narrow band of 4096 values:
-        // the seed's bucket holds the whole first round, which is pushed,
-        // and one compaction after it makes the threshold selective.
+        // octaves: the first round's seed settles, and the late compaction
+        // (four rounds before the end) is the only one; the buffer is then
+        // sorted without a final select. A narrow band of 4096 values: the
+        // seed's bucket holds the whole first round, which is pushed, and
+        // the compaction after it makes the threshold selective.
         let mut rng = Lcg(23);
         // (kind, compactions, most pushes in 1000 elements of the row)
-        for (kind, compactions, per_mille) in [(0, 0, 10), (3, 1, 100)] {
+        for (kind, compactions, per_mille) in [(0, 1, 10), (3, 2, 100)] {
             let r = row(&mut rng, kind, 128_256);
             let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
             assert_eq!(f.slab, sorted_top(&r, 50));
@@ -1000,8 +1071,15 @@ mod tests {
                 f.gathered
             );
             assert_eq!(f.compactions, compactions);
+            assert!(filter_direct(f.gathered));
             assert!(f.pushed * 1000 < per_mille * 128_256, "{}", f.pushed);
         }
+        // The seed by the threads' maxima is selective: about k keys of
+        // each later round pass it (k = 50, 16 rounds: under 1.5 k a round).
+        assert!(seed_by_maxima(50) && !seed_by_maxima(RADIX_THREADS + 1));
+        let r = row(&mut rng, 0, 128_256);
+        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+        assert!(f.pushed < 16 * 75, "{}", f.pushed);
         // Ascending: the seed settles on the first round, then every
         // round's keys pass: a compaction after every round but the first
         // and the last.
@@ -1015,17 +1093,27 @@ mod tests {
             1,
             FILTER_MAX_CAP,
             FILTER_MAX_CAP,
-            false
+            false,
+            50
         ));
-        assert!(filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, false));
-        assert!(!filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, true));
+        assert!(filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, false, 50));
+        assert!(!filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, true, 50));
         assert!(filter_compacts(
             3,
             9,
             FILTER_MAX_CAP - FILTER_ROUND_KEYS + 1,
             FILTER_MAX_CAP,
-            true
+            true,
+            1000
         ));
+        // The late compaction: four rounds before the end, for a buffer
+        // longer than the direct sort takes and k at most half of that.
+        let late = |round, count, k| filter_compacts(round, 16, count, FILTER_MAX_CAP, true, k);
+        assert!(late(12, FILTER_DIRECT_KEYS + 1, FILTER_DIRECT_KEYS / 2));
+        assert!(!late(12, FILTER_DIRECT_KEYS, 50));
+        assert!(!late(12, FILTER_DIRECT_KEYS + 1, FILTER_DIRECT_KEYS / 2 + 1));
+        assert!(!late(11, 1000, 50) && !late(13, 1000, 50));
+        assert!(filter_direct(FILTER_DIRECT_KEYS) && !filter_direct(FILTER_DIRECT_KEYS + 1));
         // The push test: exact without value bits in the threshold, by
         // value bits (ties included) with them; bad values never.
         let t0 = composite(0, 10);

@@ -27,9 +27,11 @@
 //! shared-memory stages from sm_90 on), pushes
 //! every key at or above a running threshold into a candidate buffer in
 //! shared memory and raises the threshold by a radix select over the
-//! buffer whenever the buffer fills (and once after the first round); a
-//! last select over the buffer gathers the top keys, and the sort, the
-//! slab and stage 2 are the other kernels' (see `filter_rows`).
+//! buffer whenever the buffer fills (and once after the first round, and
+//! once four rounds before the end for a small `k`); a last select over
+//! the buffer gathers the top keys (none when the buffer is short enough
+//! to sort as it is), and the sort, the slab and stage 2 are the other
+//! kernels' (see `filter_rows`).
 //!
 //! Every exchange and every sum is exact (integer counts, integer masses),
 //! so the slab and the token of a row do not depend on the number of CTAs,
@@ -73,8 +75,8 @@ use crate::radix_select::{
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
     RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
-    draw_target, filter_compacts, filter_pushes, first_digit, fixed_mass, prob_bits, prob_logit,
-    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    draw_target, filter_compacts, filter_direct, filter_pushes, first_digit, fixed_mass, prob_bits,
+    prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1645,7 +1647,11 @@ fn pick_elem(v: &[u32; ROUND_ELEMS], i: usize) -> u32 {
 /// when that pass settles (its crossing bucket and those above fit
 /// [`GATHER_CAP`]), and lower otherwise (a crowded bucket: the round's
 /// pushes then exceed `GATHER_CAP` and the compaction after the round
-/// refines it) ([`crate::radix_select::filter_seed`]).
+/// refines it). For `k` up to the threads ([`seed_by_maxima`]) the
+/// histogram holds each thread's largest element of the round instead (a
+/// zero for a thread with none): one key a thread, where the round's
+/// sixteen a thread, mostly in a few crowded buckets, cost their colliding
+/// shared atomics; the same guarantee (the maxima are distinct elements).
 ///
 /// # Safety
 /// Every thread of the block calls it with the same arguments; the
@@ -1663,11 +1669,21 @@ unsafe fn filter_seed(
     unsafe {
         clear_hist(smem, *parity);
         let mut counter = RunCounter::new(smem.hist(*parity));
-        each_elem!(i, {
-            if chunk.valid(filter_slot(0, i)) {
-                counter.add(first_digit(prob_bits(f32::from_bits(v[i]))));
-            }
-        });
+        if seed_by_maxima(k) {
+            let mut top = 0u32;
+            each_elem!(i, {
+                if chunk.valid(filter_slot(0, i)) {
+                    top = top.max(prob_bits(f32::from_bits(v[i])));
+                }
+            });
+            counter.add(first_digit(top));
+        } else {
+            each_elem!(i, {
+                if chunk.valid(filter_slot(0, i)) {
+                    counter.add(first_digit(prob_bits(f32::from_bits(v[i]))));
+                }
+            });
+        }
         counter.flush();
         Solo.share(smem, *parity);
         let crossing = find_crossing(&Solo, smem, *parity, k);
@@ -1745,6 +1761,35 @@ unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32
         (threshold, kept)
     }
 }
+
+/// The keys the end of a filter row sorts, into the gather buffer: the
+/// candidate buffer's first `n` as they are when [`filter_direct`] (the
+/// late compaction of [`filter_compacts`] leaves most rows of a small `k`
+/// there), else those [`filter_narrow`]'s final select gathers. Returns
+/// how many.
+///
+/// # Safety
+/// As [`filter_narrow`].
+#[inline(always)]
+unsafe fn filter_final(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32) -> u32 {
+    // SAFETY: the caller's contract; with `filter_direct`, buffer and
+    // gather positions below `n <= THREADS`, one a thread, read after the
+    // barrier that ended the buffer's writes, read by the sort after this
+    // barrier.
+    unsafe {
+        if filter_direct(n) {
+            let tid = arch::thread_idx_x();
+            if tid < n {
+                *smem.gather().add(tid as usize) = *smem.candidates().add(tid as usize);
+            }
+            arch::bar_sync();
+            n
+        } else {
+            filter_narrow(smem, n, k, floor, parity).1
+        }
+    }
+}
+const _: () = assert!(crate::radix_select::FILTER_DIRECT_KEYS <= THREADS);
 
 /// A row of the filter kernel: its shape and running state.
 struct FilterRow {
@@ -1835,7 +1880,7 @@ unsafe fn filter_round(
             core::ptr::write_volatile(smem.ctl(CTL_FILL + (st.fill + 2) % 3), 0);
         }
         st.fill = (st.fill + 1) % 3;
-        if filter_compacts(r, st.rounds, st.count, cap, st.compacted) {
+        if filter_compacts(r, st.rounds, st.count, cap, st.compacted, k) {
             let (threshold, kept) = filter_narrow(work, st.count, k, st.t, parity);
             let mut i = tid;
             while i < kept {
@@ -1853,9 +1898,10 @@ unsafe fn filter_round(
 }
 
 /// The end of a filter row after its last round: the final select over the
-/// candidate buffer (its histograms and gather buffer `smem`'s) and
-/// [`finish_row`], which ends with the barrier after which the next row
-/// reuses the counters and the buffer.
+/// candidate buffer, or the buffer as it is ([`filter_final`]; its
+/// histograms and gather buffer `smem`'s), and [`finish_row`], which ends
+/// with the barrier after which the next row reuses the counters and the
+/// buffer.
 ///
 /// # Safety
 /// Every thread of the block calls it with the same arguments; every round
@@ -1872,7 +1918,7 @@ unsafe fn filter_end_row(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        let (_, n) = filter_narrow(smem, st.count, st.k, st.t, parity);
+        let n = filter_final(smem, st.count, st.k, st.t, parity);
         finish_row(out, smem, row, st.k, n, mode);
     }
 }
@@ -1943,14 +1989,15 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
 
 /// The end of a row split over a cluster of filter CTAs (sm_90 and
 /// newer): each CTA's final select gathers its own keys at or above its
-/// threshold (its top `k`, or all of its keys); after a cluster barrier
-/// (every CTA's select is done, rank 0's merge count zeroed) every CTA
-/// appends them to rank 0's candidate buffer through distributed shared
-/// memory (warp-aggregated reservations on rank 0's count); after a second
-/// one rank 0 selects the row's top keys from the union, which holds them
-/// (a key of the row's top `k` is among its CTA's top `k`), and ends the
-/// row ([`finish_row`]). The host keeps `ctas * GATHER_CAP` within the
-/// buffer.
+/// threshold (its top `k`, or all of its keys), or takes its whole buffer
+/// when that is short ([`filter_final`]); after a cluster barrier (every
+/// CTA's select is done, rank 0's merge count zeroed) every CTA appends
+/// them to rank 0's candidate buffer through distributed shared memory
+/// (warp-aggregated reservations on rank 0's count); after a second one
+/// rank 0 selects the row's top keys from the union (or sorts a short one
+/// as it is), which holds them (a key of the row's top `k` is among its
+/// CTA's top `k`), and ends the row ([`finish_row`]). The host keeps
+/// `ctas * GATHER_CAP` within the buffer.
 ///
 /// # Safety
 /// Every thread of every CTA of the cluster calls it for the same row;
@@ -1975,7 +2022,7 @@ unsafe fn filter_merge_end_row(
     // within its buffer); every CTA runs until the second cluster barrier,
     // after every remote access.
     unsafe {
-        let (_, n) = filter_narrow(smem, st.count, st.k, st.t, parity);
+        let n = filter_final(smem, st.count, st.k, st.t, parity);
         if rank == 0 && tid == 0 {
             core::ptr::write_volatile(smem.ctl(CTL_MERGED), 0);
         }
@@ -2002,7 +2049,7 @@ unsafe fn filter_merge_end_row(
         arch::cluster_sync();
         if rank == 0 {
             let merged = core::ptr::read_volatile(smem.ctl(CTL_MERGED));
-            let (_, n) = filter_narrow(smem, merged, st.k, 0, parity);
+            let n = filter_final(smem, merged, st.k, 0, parity);
             finish_row(out, smem, row, st.k, n, mode);
         }
     }
