@@ -222,10 +222,18 @@ impl RadixSelect {
     /// else `None` and the next pass refines the crossing bucket.
     #[inline(always)]
     pub fn advance(&mut self, c: Crossing) -> Option<u64> {
+        self.advance_within(c, GATHER_CAP)
+    }
+
+    /// [`RadixSelect::advance`] to at most `fit` keys at or above the
+    /// threshold (`k <= fit <= GATHER_CAP`), or the last pass's crossing
+    /// bucket.
+    #[inline(always)]
+    pub fn advance_within(&mut self, c: Crossing, fit: u32) -> Option<u64> {
         self.passes += 1;
         self.above += c.above;
         let bucket = (self.prefix << DIGIT_BITS) | u64::from(c.digit);
-        if self.above + c.count <= GATHER_CAP || self.shift < DIGIT_BITS {
+        if self.above + c.count <= fit || self.shift < DIGIT_BITS {
             Some(bucket << self.shift)
         } else {
             self.prefix = bucket;
@@ -575,38 +583,54 @@ pub const fn filter_smem_bytes(cap: u32, staged: bool) -> u32 {
 pub const FILTER_DIRECT_KEYS: u32 = RADIX_THREADS;
 
 /// Rounds before a row's end of the filter kernel's late compaction
-/// ([`filter_compacts`]): the compaction after round `rounds -
+/// ([`filter_compaction`]): the compaction after round `rounds -
 /// FILTER_LATE_ROUNDS` runs while the staged kernel's later rounds (a full
 /// ring, `FILTER_STAGES - 1` of them) are in flight.
 pub const FILTER_LATE_ROUNDS: u32 = FILTER_STAGES;
 
-/// Whether the filter kernel compacts its candidate buffer after round
+/// Keys the late compaction of a row's top `k` leaves at most: `2 k`, at
+/// least 64 (its select refines its crossing bucket until the keys at or
+/// above it fit, so that the end of the row sorts few keys).
+#[inline(always)]
+pub fn filter_late_fit(k: u32) -> u32 {
+    (2 * k).max(64)
+}
+
+/// The filter kernel's compaction of its candidate buffer after round
 /// `round` (of `rounds`), holding `count` keys in a buffer of `cap`
 /// (`compacted`: whether it compacted before in this row) for the top `k`:
-/// when the next round might not fit (`count > cap - FILTER_ROUND_KEYS`);
-/// once early, as soon as more than [`GATHER_CAP`] keys were seen, so that
-/// the threshold becomes selective after the first round; and late, after
-/// round `rounds - FILTER_LATE_ROUNDS`, when the buffer holds more than
-/// [`FILTER_DIRECT_KEYS`] keys and `k` is at most half that, so that the
-/// few keys the last rounds push leave the buffer short enough to be
-/// sorted without a final select ([`filter_direct`]): that select then
-/// runs while the last rounds stream in instead of after them. Never after
-/// the last round (the final select follows).
+/// `Some(fit)` when it compacts, its select refining its crossing bucket
+/// until the keys at or above it number at most `fit`
+/// ([`RadixSelect::advance_within`]). It compacts when the next round might
+/// not fit (`count > cap - FILTER_ROUND_KEYS`) and once early, as soon as
+/// more than [`GATHER_CAP`] keys were seen, so that the threshold becomes
+/// selective after the first round (both to [`GATHER_CAP`]); and late,
+/// after round `rounds - FILTER_LATE_ROUNDS`, for `k` up to a quarter of
+/// [`FILTER_DIRECT_KEYS`], when the buffer holds more than
+/// [`filter_late_fit`] keys, to that many, so that the few keys the last
+/// rounds push leave a short buffer the row's end sorts without a final
+/// select ([`filter_direct`]): that select then runs while the last
+/// rounds stream in instead of after them. Never after the last round
+/// (the final select follows).
 #[inline(always)]
-pub fn filter_compacts(
+pub fn filter_compaction(
     round: u32,
     rounds: u32,
     count: u32,
     cap: u32,
     compacted: bool,
     k: u32,
-) -> bool {
-    round + 1 < rounds
-        && (count > cap.saturating_sub(FILTER_ROUND_KEYS)
-            || (!compacted && count > GATHER_CAP)
-            || (round + FILTER_LATE_ROUNDS == rounds
-                && 2 * k <= FILTER_DIRECT_KEYS
-                && count > FILTER_DIRECT_KEYS))
+) -> Option<u32> {
+    let fit = filter_late_fit(k);
+    if round + 1 >= rounds {
+        None
+    } else if round + FILTER_LATE_ROUNDS == rounds && 4 * k <= FILTER_DIRECT_KEYS && count > fit {
+        Some(fit)
+    } else if count > cap.saturating_sub(FILTER_ROUND_KEYS) || (!compacted && count > GATHER_CAP) {
+        Some(GATHER_CAP)
+    } else {
+        None
+    }
 }
 
 /// Whether the end of a filter row sorts its `count` candidates as they
@@ -684,7 +708,7 @@ pub struct FilterStats {
 /// of [`FILTER_ROUND_GROUPS`] 16-byte groups (the row starting `misalign`
 /// elements past a 16-byte boundary, as the kernel's groups do), the keys
 /// [`filter_pushes`] passes pushed into a buffer of `cap` keys,
-/// compactions where [`filter_compacts`] says (the radix select of
+/// compactions where [`filter_compaction`] says (the radix select of
 /// [`RadixSelect`] over the buffer; the threshold rises to its result and
 /// the buffer keeps the keys at or above it), the final select and the
 /// gather (unless [`filter_direct`]) and the sort. Its slab equals
@@ -712,7 +736,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
     };
     // The radix select over the buffer: its threshold (at most GATHER_CAP
     // keys of the buffer at or above it).
-    let narrow = |buf: &[u64], passes: &mut u32| -> u64 {
+    let narrow = |buf: &[u64], passes: &mut u32, fit: u32| -> u64 {
         let mut sel = RadixSelect::new(k);
         loop {
             let mut hist = [0u32; BUCKETS as usize];
@@ -722,7 +746,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
                 }
             }
             *passes += 1;
-            if let Some(t) = sel.advance(crossing_of(&hist, sel.need())) {
+            if let Some(t) = sel.advance_within(crossing_of(&hist, sel.need()), fit) {
                 break t;
             }
         }
@@ -767,8 +791,8 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             }
         }
         stats.peak = stats.peak.max(buf.len() as u32);
-        if filter_compacts(r, rounds, buf.len() as u32, cap, compacted, k) {
-            t = narrow(&buf, &mut stats.passes).max(t);
+        if let Some(fit) = filter_compaction(r, rounds, buf.len() as u32, cap, compacted, k) {
+            t = narrow(&buf, &mut stats.passes, fit).max(t);
             buf.retain(|&x| x >= t);
             stats.max_kept = stats.max_kept.max(buf.len() as u32);
             stats.compactions += 1;
@@ -776,7 +800,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
         }
     }
     if !filter_direct(buf.len() as u32) {
-        let threshold = narrow(&buf, &mut stats.passes).max(t);
+        let threshold = narrow(&buf, &mut stats.passes, GATHER_CAP).max(t);
         buf.retain(|&x| x >= threshold);
     }
     stats.gathered = buf.len() as u32;
@@ -1071,7 +1095,8 @@ mod tests {
                 f.gathered
             );
             assert_eq!(f.compactions, compactions);
-            assert!(filter_direct(f.gathered));
+            // The end sorts the buffer as it is, a few keys past the fit.
+            assert!(f.gathered <= filter_late_fit(50) + 50, "{}", f.gathered);
             assert!(f.pushed * 1000 < per_mille * 128_256, "{}", f.pushed);
         }
         // The seed by the threads' maxima is selective: about k keys of
@@ -1088,31 +1113,28 @@ mod tests {
         let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
         assert_eq!(f.slab, sorted_top(&r, 50));
         assert_eq!(f.compactions, 128_256u32.div_ceil(FILTER_ROUND_KEYS) - 2);
-        assert!(!filter_compacts(
-            0,
-            1,
-            FILTER_MAX_CAP,
-            FILTER_MAX_CAP,
-            false,
-            50
-        ));
-        assert!(filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, false, 50));
-        assert!(!filter_compacts(0, 2, GATHER_CAP + 1, FILTER_MAX_CAP, true, 50));
-        assert!(filter_compacts(
-            3,
-            9,
-            FILTER_MAX_CAP - FILTER_ROUND_KEYS + 1,
-            FILTER_MAX_CAP,
-            true,
-            1000
-        ));
+        let compacts = |round, rounds, count, compacted, k| {
+            filter_compaction(round, rounds, count, FILTER_MAX_CAP, compacted, k)
+        };
+        assert_eq!(compacts(0, 1, FILTER_MAX_CAP, false, 50), None);
+        assert_eq!(compacts(0, 2, GATHER_CAP + 1, false, 50), Some(GATHER_CAP));
+        assert_eq!(compacts(0, 2, GATHER_CAP + 1, true, 50), None);
+        let full = FILTER_MAX_CAP - FILTER_ROUND_KEYS + 1;
+        assert_eq!(compacts(3, 9, full, true, 1000), Some(GATHER_CAP));
         // The late compaction: four rounds before the end, for a buffer
-        // longer than the direct sort takes and k at most half of that.
-        let late = |round, count, k| filter_compacts(round, 16, count, FILTER_MAX_CAP, true, k);
-        assert!(late(12, FILTER_DIRECT_KEYS + 1, FILTER_DIRECT_KEYS / 2));
-        assert!(!late(12, FILTER_DIRECT_KEYS, 50));
-        assert!(!late(12, FILTER_DIRECT_KEYS + 1, FILTER_DIRECT_KEYS / 2 + 1));
-        assert!(!late(11, 1000, 50) && !late(13, 1000, 50));
+        // longer than its fit, for k up to a quarter of the direct sort.
+        let late = |round, count, k| compacts(round, 16, count, true, k);
+        assert_eq!(filter_late_fit(1), 64);
+        assert_eq!(filter_late_fit(50), 100);
+        assert_eq!(late(12, 101, 50), Some(100));
+        assert_eq!(late(12, full, 50), Some(100));
+        assert_eq!(late(12, 100, 50), None);
+        assert_eq!(
+            late(12, 1000, FILTER_DIRECT_KEYS / 4),
+            Some(FILTER_DIRECT_KEYS / 2)
+        );
+        assert_eq!(late(12, 1000, FILTER_DIRECT_KEYS / 4 + 1), None);
+        assert_eq!((late(11, 1000, 50), late(13, 1000, 50)), (None, None));
         assert!(filter_direct(FILTER_DIRECT_KEYS) && !filter_direct(FILTER_DIRECT_KEYS + 1));
         // The push test: exact without value bits in the threshold, by
         // value bits (ties included) with them; bad values never.

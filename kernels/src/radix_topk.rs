@@ -75,8 +75,8 @@ use crate::radix_select::{
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
     RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
-    draw_target, filter_compacts, filter_direct, filter_pushes, first_digit, fixed_mass, prob_bits,
-    prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    draw_target, filter_compaction, filter_direct, filter_pushes, first_digit, fixed_mass,
+    prob_bits, prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1692,20 +1692,27 @@ unsafe fn filter_seed(
     }
 }
 
-/// The radix select of the top `k` over the first `n` candidates (all
-/// passes of [`RadixSelect`], each a histogram of the candidates still in
-/// range and the block's crossing), then the candidates `>= max(its
-/// threshold, floor)` gathered into the gather buffer (at most
-/// [`GATHER_CAP`]: the select's guarantee). Returns that threshold and the
-/// keys gathered.
+/// The radix select of the top `k` over the first `n` candidates (the
+/// passes of [`RadixSelect`] until at most `fit` keys lie at or above the
+/// crossing bucket, each a histogram of the candidates still in range and
+/// the block's crossing), then the candidates `>= max(its threshold,
+/// floor)` gathered into the gather buffer (at most [`GATHER_CAP`]: the
+/// select's guarantee). Returns that threshold and the keys gathered.
 ///
 /// # Safety
 /// Every thread of the block calls it with the same arguments; `n` is at
 /// most the buffer's capacity and at least `k` of its keys are `>=
-/// floor`; the gather count word and the histograms are free (no thread
-/// reads them before the call).
+/// floor`; `k <= fit <= GATHER_CAP`; the gather count word and the
+/// histograms are free (no thread reads them before the call).
 #[inline(always)]
-unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32) -> (u64, u32) {
+unsafe fn filter_narrow(
+    smem: Smem,
+    n: u32,
+    k: u32,
+    fit: u32,
+    floor: u64,
+    parity: &mut u32,
+) -> (u64, u32) {
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
     let buf = smem.candidates();
@@ -1731,7 +1738,7 @@ unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32
             Solo.share(smem, *parity);
             let crossing = find_crossing(&Solo, smem, *parity, sel.need());
             *parity ^= 1;
-            if let Some(t) = sel.advance(crossing) {
+            if let Some(t) = sel.advance_within(crossing, fit) {
                 break t.max(floor);
             }
         };
@@ -1764,7 +1771,7 @@ unsafe fn filter_narrow(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32
 
 /// The keys the end of a filter row sorts, into the gather buffer: the
 /// candidate buffer's first `n` as they are when [`filter_direct`] (the
-/// late compaction of [`filter_compacts`] leaves most rows of a small `k`
+/// late compaction of [`filter_compaction`] leaves most rows of a small `k`
 /// there), else those [`filter_narrow`]'s final select gathers. Returns
 /// how many.
 ///
@@ -1785,7 +1792,7 @@ unsafe fn filter_final(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32)
             arch::bar_sync();
             n
         } else {
-            filter_narrow(smem, n, k, floor, parity).1
+            filter_narrow(smem, n, k, GATHER_CAP, floor, parity).1
         }
     }
 }
@@ -1827,7 +1834,7 @@ impl FilterRow {
 /// Round `r` of a row once its elements `v` are in every
 /// thread's registers: on the first round the seed ([`filter_seed`]), then
 /// the push, the block barrier that ends the round, and the compaction
-/// when [`filter_compacts`] says. The seed's and the compaction's
+/// when [`filter_compaction`] says. The seed's and the compaction's
 /// histograms and gather buffer are `work`'s. In the staged kernel (sm_90
 /// and newer) `work` is the round's stage: the seed first waits at a block
 /// barrier for every thread's reads of it, and both fence their writes to
@@ -1880,8 +1887,8 @@ unsafe fn filter_round(
             core::ptr::write_volatile(smem.ctl(CTL_FILL + (st.fill + 2) % 3), 0);
         }
         st.fill = (st.fill + 1) % 3;
-        if filter_compacts(r, st.rounds, st.count, cap, st.compacted, k) {
-            let (threshold, kept) = filter_narrow(work, st.count, k, st.t, parity);
+        if let Some(fit) = filter_compaction(r, st.rounds, st.count, cap, st.compacted, k) {
+            let (threshold, kept) = filter_narrow(work, st.count, k, fit, st.t, parity);
             let mut i = tid;
             while i < kept {
                 *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
@@ -1928,7 +1935,7 @@ unsafe fn filter_end_row(
 /// vectors per thread (the next round's loads issued before the current
 /// round is filtered), every key at or above the running threshold `t`
 /// pushed into the candidate buffer (`args.cache_slots` keys). When
-/// [`filter_compacts`] says (the buffer could overflow in the next round,
+/// [`filter_compaction`] says (the buffer could overflow in the next round,
 /// or once after the first round), a radix select over the buffer finds
 /// the threshold at which its keys fit [`GATHER_CAP`], `t` rises to it and
 /// the buffer keeps only the keys at or above it. Every key `>= t` ever
