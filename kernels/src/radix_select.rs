@@ -578,9 +578,10 @@ pub const fn filter_smem_bytes(cap: u32, staged: bool) -> u32 {
 }
 
 /// Most keys the end of a filter row sorts as they are, without a final
-/// select over its candidate buffer (the sort ranks up to
-/// [`RADIX_THREADS`] keys in one step).
-pub const FILTER_DIRECT_KEYS: u32 = RADIX_THREADS;
+/// select over its candidate buffer. Measured on the H200 (session 26,
+/// k = 50): sorting 160 to 450 keys so cost 1 to 11 us more than the
+/// select and a sort of about 50; 60 to 100 keys cost no more.
+pub const FILTER_DIRECT_KEYS: u32 = 128;
 
 /// Rounds before a row's end of the filter kernel's late compaction
 /// ([`filter_compaction`]): the compaction after round `rounds -
@@ -590,7 +591,8 @@ pub const FILTER_LATE_ROUNDS: u32 = FILTER_STAGES;
 
 /// Keys the late compaction of a row's top `k` leaves at most: `2 k`, at
 /// least 64 (its select refines its crossing bucket until the keys at or
-/// above it fit, so that the end of the row sorts few keys).
+/// above it fit, so that the end of the row sorts few keys; at most
+/// [`FILTER_DIRECT_KEYS`] for the `k` it runs for).
 #[inline(always)]
 pub fn filter_late_fit(k: u32) -> u32 {
     (2 * k).max(64)
@@ -605,9 +607,9 @@ pub fn filter_late_fit(k: u32) -> u32 {
 /// not fit (`count > cap - FILTER_ROUND_KEYS`) and once early, as soon as
 /// more than [`GATHER_CAP`] keys were seen, so that the threshold becomes
 /// selective after the first round (both to [`GATHER_CAP`]); and late,
-/// after round `rounds - FILTER_LATE_ROUNDS`, for `k` up to a quarter of
-/// [`FILTER_DIRECT_KEYS`], when the buffer holds more than
-/// [`filter_late_fit`] keys, to that many, so that the few keys the last
+/// after round `rounds - FILTER_LATE_ROUNDS`, for `k` whose
+/// [`filter_late_fit`] is at most [`FILTER_DIRECT_KEYS`] (up to 64), when
+/// the buffer holds more than that fit, to that many, so that the few keys the last
 /// rounds push leave a short buffer the row's end sorts without a final
 /// select ([`filter_direct`]): that select then runs while the last
 /// rounds stream in instead of after them. Never after the last round
@@ -624,7 +626,7 @@ pub fn filter_compaction(
     let fit = filter_late_fit(k);
     if round + 1 >= rounds {
         None
-    } else if round + FILTER_LATE_ROUNDS == rounds && 4 * k <= FILTER_DIRECT_KEYS && count > fit {
+    } else if round + FILTER_LATE_ROUNDS == rounds && fit <= FILTER_DIRECT_KEYS && count > fit {
         Some(fit)
     } else if count > cap.saturating_sub(FILTER_ROUND_KEYS) || (!compacted && count > GATHER_CAP) {
         Some(GATHER_CAP)
@@ -1130,10 +1132,10 @@ mod tests {
         assert_eq!(late(12, full, 50), Some(100));
         assert_eq!(late(12, 100, 50), None);
         assert_eq!(
-            late(12, 1000, FILTER_DIRECT_KEYS / 4),
-            Some(FILTER_DIRECT_KEYS / 2)
+            late(12, 1000, FILTER_DIRECT_KEYS / 2),
+            Some(FILTER_DIRECT_KEYS)
         );
-        assert_eq!(late(12, 1000, FILTER_DIRECT_KEYS / 4 + 1), None);
+        assert_eq!(late(12, 1000, FILTER_DIRECT_KEYS / 2 + 1), None);
         assert_eq!((late(11, 1000, 50), late(13, 1000, 50)), (None, None));
         assert!(filter_direct(FILTER_DIRECT_KEYS) && !filter_direct(FILTER_DIRECT_KEYS + 1));
         // The push test: exact without value bits in the threshold, by

@@ -1769,25 +1769,32 @@ unsafe fn filter_narrow(
     }
 }
 
-/// The keys the end of a filter row sorts, into the gather buffer: the
-/// candidate buffer's first `n` as they are when [`filter_direct`] (the
-/// late compaction of [`filter_compaction`] leaves most rows of a small `k`
-/// there), else those [`filter_narrow`]'s final select gathers. Returns
-/// how many.
+/// The keys a filter CTA ends its row with, into the gather buffer: the
+/// candidate buffer's first `n` as they are when `direct` (the late
+/// compaction of [`filter_compaction`] leaves most rows of a small `k`
+/// short enough to sort so), else those [`filter_narrow`]'s final select
+/// gathers. Returns how many.
 ///
 /// # Safety
-/// As [`filter_narrow`].
+/// As [`filter_narrow`]; with `direct`, `n <= GATHER_CAP`.
 #[inline(always)]
-unsafe fn filter_final(smem: Smem, n: u32, k: u32, floor: u64, parity: &mut u32) -> u32 {
-    // SAFETY: the caller's contract; with `filter_direct`, buffer and
-    // gather positions below `n <= THREADS`, one a thread, read after the
-    // barrier that ended the buffer's writes, read by the sort after this
-    // barrier.
+unsafe fn filter_final(
+    smem: Smem,
+    n: u32,
+    k: u32,
+    floor: u64,
+    parity: &mut u32,
+    direct: bool,
+) -> u32 {
+    // SAFETY: the caller's contract; with `direct`, buffer and gather
+    // positions below `n`, read after the barrier that ended the buffer's
+    // writes, read by their next users after this barrier.
     unsafe {
-        if filter_direct(n) {
-            let tid = arch::thread_idx_x();
-            if tid < n {
-                *smem.gather().add(tid as usize) = *smem.candidates().add(tid as usize);
+        if direct {
+            let mut i = arch::thread_idx_x();
+            while i < n {
+                *smem.gather().add(i as usize) = *smem.candidates().add(i as usize);
+                i += THREADS;
             }
             arch::bar_sync();
             n
@@ -1925,7 +1932,8 @@ unsafe fn filter_end_row(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        let n = filter_final(smem, st.count, st.k, st.t, parity);
+        let direct = filter_direct(st.count);
+        let n = filter_final(smem, st.count, st.k, st.t, parity, direct);
         finish_row(out, smem, row, st.k, n, mode);
     }
 }
@@ -1996,8 +2004,9 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
 
 /// The end of a row split over a cluster of filter CTAs (sm_90 and
 /// newer): each CTA's final select gathers its own keys at or above its
-/// threshold (its top `k`, or all of its keys), or takes its whole buffer
-/// when that is short ([`filter_final`]); after a cluster barrier (every
+/// threshold (its top `k`, or all of its keys), or it takes its whole
+/// buffer when that fits [`GATHER_CAP`] ([`filter_final`]: the select
+/// over the union sees them anyway); after a cluster barrier (every
 /// CTA's select is done, rank 0's merge count zeroed) every CTA appends
 /// them to rank 0's candidate buffer through distributed shared memory
 /// (warp-aggregated reservations on rank 0's count); after a second one
@@ -2029,7 +2038,8 @@ unsafe fn filter_merge_end_row(
     // within its buffer); every CTA runs until the second cluster barrier,
     // after every remote access.
     unsafe {
-        let n = filter_final(smem, st.count, st.k, st.t, parity);
+        // No sort follows here: a buffer the merge can take goes as it is.
+        let n = filter_final(smem, st.count, st.k, st.t, parity, st.count <= GATHER_CAP);
         if rank == 0 && tid == 0 {
             core::ptr::write_volatile(smem.ctl(CTL_MERGED), 0);
         }
@@ -2056,7 +2066,7 @@ unsafe fn filter_merge_end_row(
         arch::cluster_sync();
         if rank == 0 {
             let merged = core::ptr::read_volatile(smem.ctl(CTL_MERGED));
-            let n = filter_final(smem, merged, st.k, 0, parity);
+            let n = filter_final(smem, merged, st.k, 0, parity, filter_direct(merged));
             finish_row(out, smem, row, st.k, n, mode);
         }
     }
