@@ -19,7 +19,8 @@ use std::sync::Arc;
 use common::{Coverage, Mismatches};
 use cudarc::driver::CudaStream;
 use flashsample::kernels::radix_select::{
-    self, SLAB, composite_bits, composite_index, prob_bits, select_slab, slab_len,
+    self, FILTER_SMALL_MAX_K, SLAB, composite_bits, composite_index, prob_bits, select_slab,
+    slab_len,
 };
 use flashsample::kernels::{noise, philox};
 use flashsample::reference::{self, SamplingParams};
@@ -969,7 +970,7 @@ fn sanitize_radix_paths() {
             let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
             let kernel = match route {
                 Route::Cooperative { .. } => "radix_topk_coop_f32",
-                Route::Filter | Route::FilterCluster { .. } => "radix_topk_filter_f32",
+                Route::Filter | Route::FilterCluster { .. } => filter_kernel(&b),
                 _ => "radix_topk_cluster_f32",
             };
             coverage.case(&[kernel]);
@@ -1037,36 +1038,58 @@ fn sanitize_radix_filter_long_rows() {
         row.sort_by_key(|x| prob_bits(*x));
         b.probs[stride..stride + vocab].copy_from_slice(&row);
         b.top_k[1] = 50;
-        // The whole rows on one CTA, then (where the GPU runs them)
-        // split over clusters of 2 and of the most filter CTAs: parts
-        // starting inside a 16-byte group, the merge through
-        // distributed shared memory.
-        let caps = dev.radix_caps().unwrap();
-        let mut routes = vec![Route::Filter];
-        for ctas in [2, MAX_FILTER_CLUSTER] {
-            let split = Route::FilterCluster { ctas };
-            if caps.filter_cluster_slots[ctas as usize] > 0
-                && vocab >= 2048 * ctas as usize
-                && !routes.contains(&split)
-            {
-                routes.push(split);
+        // Each shape of a few rows twice: as drawn (the kernel for any k),
+        // then every k at most FILTER_SMALL_MAX_K (the small-k kernel).
+        for small in [false, true] {
+            if small {
+                if batch > 4 {
+                    break;
+                }
+                for k in b.top_k.iter_mut() {
+                    *k = (*k).min(FILTER_SMALL_MAX_K);
+                }
             }
-        }
-        for route in routes {
-            let slab = slab_on_gpu(&dev, &stream, &b, route, &mut ws);
-            let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
-            coverage.case(&["radix_topk_filter_f32"]);
-            coverage.case(&["radix_topk_filter_f32"]);
-            for r in 0..batch {
-                let res = b.check(r, &slab, &tokens);
-                report.check(res.is_ok(), || {
-                    format!("{} {route:?}, long rows: {}", b.what(r), res.unwrap_err())
-                });
+            // The whole rows on one CTA, then (where the GPU runs them)
+            // split over clusters of 2 and of the most filter CTAs: parts
+            // starting inside a 16-byte group, the merge through
+            // distributed shared memory.
+            let caps = dev.radix_caps().unwrap();
+            let mut routes = vec![Route::Filter];
+            for ctas in [2, MAX_FILTER_CLUSTER] {
+                let split = Route::FilterCluster { ctas };
+                if caps.filter_cluster_slots[ctas as usize] > 0
+                    && vocab >= 2048 * ctas as usize
+                    && !routes.contains(&split)
+                {
+                    routes.push(split);
+                }
+            }
+            for route in routes {
+                let slab = slab_on_gpu(&dev, &stream, &b, route, &mut ws);
+                let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
+                coverage.case(&[filter_kernel(&b)]);
+                coverage.case(&[filter_kernel(&b)]);
+                for r in 0..batch {
+                    let res = b.check(r, &slab, &tokens);
+                    report.check(res.is_ok(), || {
+                        format!("{} {route:?}, long rows: {}", b.what(r), res.unwrap_err())
+                    });
+                }
             }
         }
     }
     report.assert_none("sanitize: radix filter, long rows");
     coverage.report(TEST);
+}
+
+/// The filter kernel a launch of `b`'s rows runs: the small-`k` one when
+/// every row's `k` is at most `FILTER_SMALL_MAX_K` (the host's choice).
+fn filter_kernel(b: &Batch) -> &'static str {
+    if b.top_k.iter().all(|&k| k <= FILTER_SMALL_MAX_K) {
+        "radix_topk_filter_small_f32"
+    } else {
+        "radix_topk_filter_f32"
+    }
 }
 
 /// The emulation of the kernels through the GPU checks, without a GPU:

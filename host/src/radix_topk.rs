@@ -51,8 +51,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashsample_kernels::radix_select::{
-    BUCKETS, FILTER_MAX_CAP, FILTER_MIN_CAP, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM,
-    RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes, radix_smem_bytes,
+    BUCKETS, FILTER_MAX_CAP, FILTER_MIN_CAP, FILTER_SMALL_MAX_K, GATHER_CAP, MODE_SAMPLE,
+    MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes,
+    radix_smem_bytes,
 };
 
 use crate::device::{Device, cluster_attr, launch_ex, max_active_clusters};
@@ -518,6 +519,9 @@ struct RadixKernels {
     cluster: Func,
     coop: Func,
     filter: Func,
+    /// The filter kernel for launches whose every `top_k` is at most
+    /// [`FILTER_SMALL_MAX_K`] (the same layout and launch).
+    filter_small: Func,
     to_logits: Func,
     caps: RadixCaps,
     /// Cooperative CTAs resident per multiprocessor.
@@ -626,6 +630,7 @@ impl RadixKernels {
         }
         let coop = get("radix_topk_coop_f32")?;
         let filter = get("radix_topk_filter_f32")?;
+        let filter_small = get("radix_topk_filter_small_f32")?;
         let to_logits = get("radix_probs_to_logits_f32")?;
         // Registers decide how many CTAs fit; they share the shared memory.
         let by_regs = occupancy(cluster, RADIX_FIXED_SMEM)?.max(1);
@@ -638,7 +643,8 @@ impl RadixKernels {
         let filter_staged = filter_staged(dev.arch());
         let fit = filter_cap_for(optin, filter_staged);
         let filter_per_sm = if fit > 0 {
-            occupancy(filter, filter_smem_bytes(fit, filter_staged))?
+            let smem = filter_smem_bytes(fit, filter_staged);
+            occupancy(filter, smem)?.min(occupancy(filter_small, smem)?)
         } else {
             0
         };
@@ -661,8 +667,10 @@ impl RadixKernels {
             let smem = filter_smem_bytes(filter_cap, filter_staged);
             for (c, n) in filter_cluster_slots.iter_mut().enumerate().skip(2) {
                 if c as u32 * GATHER_CAP <= filter_cap {
-                    *n = max_active_clusters(ctx, filter.0, c as u32, RADIX_THREADS, smem)
-                        .unwrap_or(0);
+                    let at_once = |f: Func| {
+                        max_active_clusters(ctx, f.0, c as u32, RADIX_THREADS, smem).unwrap_or(0)
+                    };
+                    *n = at_once(filter).min(at_once(filter_small));
                 }
             }
         }
@@ -670,6 +678,7 @@ impl RadixKernels {
             cluster,
             coop,
             filter,
+            filter_small,
             to_logits,
             caps: RadixCaps {
                 sm_count: dev.sm_count(),
@@ -961,6 +970,11 @@ impl Device {
         let k = radix_kernels(self)?;
         let caps = k.caps;
         let batch = rows.batch;
+        let filter_func = if params.max_k() <= FILTER_SMALL_MAX_K {
+            k.filter_small
+        } else {
+            k.filter
+        };
         let (ctas, kind, func) = match route {
             Route::Cluster { ctas } if (1..=caps.max_cluster).contains(&ctas) => {
                 (ctas, LaunchKind::Cluster(ctas), k.cluster)
@@ -972,14 +986,14 @@ impl Device {
             // kernel then uses the cluster instructions on itself).
             Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), k.cluster),
             Route::SingleCta => (1, LaunchKind::Plain, k.cluster),
-            Route::Filter if k.filter_cap > 0 => (1, LaunchKind::Plain, k.filter),
+            Route::Filter if k.filter_cap > 0 => (1, LaunchKind::Plain, filter_func),
             Route::FilterCluster { ctas }
                 if caps
                     .filter_cluster_slots
                     .get(ctas as usize)
                     .is_some_and(|&n| n > 0) =>
             {
-                (ctas, LaunchKind::Cluster(ctas), k.filter)
+                (ctas, LaunchKind::Cluster(ctas), filter_func)
             }
             _ => return Err(param("route", route)),
         };
@@ -1097,7 +1111,9 @@ impl Device {
         );
         list.push(&mut args as *mut RadixArgs as *mut c_void);
         // SAFETY: the parameters of `radix_topk_cluster_f32`,
-        // `radix_topk_coop_f32` and `radix_topk_filter_f32` (one signature)
+        // `radix_topk_coop_f32`, `radix_topk_filter_f32` and
+        // `radix_topk_filter_small_f32` (one signature; the small one only
+        // for `top_k` at most FILTER_SMALL_MAX_K, checked above)
         // in order; `probs` holds the validated rows, the parameter buffers
         // at least `batch` rows (checked), the outputs the mode writes
         // `batch` rows (checked; the others are 0 and unread), the

@@ -96,6 +96,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",
     "radix_topk_filter_f32",
+    "radix_topk_filter_small_f32",
     "radix_probs_to_logits_f32",
 ];
 
@@ -261,6 +262,12 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     // registers, for two rounds of loads in flight.
     LaunchBounds {
         kernel: "radix_topk_filter_f32",
+        max_threads: radix_select::RADIX_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "radix_topk_filter_small_f32",
         max_threads: radix_select::RADIX_THREADS,
         min_blocks_per_sm: 1,
         modules: Modules::All,

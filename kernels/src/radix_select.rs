@@ -577,6 +577,15 @@ pub const fn filter_smem_bytes(cap: u32, staged: bool) -> u32 {
     fixed + 8 * cap
 }
 
+/// Largest `top_k` of the small-`k` filter kernel (`radix_topk_filter_small_f32`,
+/// the host's choice when every row's `k` is at most this): the seed of
+/// [`seed_by_maxima`], the late compaction of [`filter_compaction`] and the
+/// direct end of [`filter_direct`]. Kept out of the kernel for any `k`,
+/// whose code for `k = 1000` they made 0.5 to 1.9 us slower on the H200
+/// (session 26), though none of them runs there.
+pub const FILTER_SMALL_MAX_K: u32 = 64;
+const _: () = assert!(2 * FILTER_SMALL_MAX_K <= FILTER_DIRECT_KEYS);
+
 /// Most keys the end of a filter row sorts as they are, without a final
 /// select over its candidate buffer. Measured on the H200 (session 26,
 /// k = 50): sorting 160 to 450 keys so cost 1 to 11 us more than the
@@ -600,8 +609,8 @@ pub fn filter_late_fit(k: u32) -> u32 {
 
 /// The filter kernel's compaction of its candidate buffer after round
 /// `round` (of `rounds`), holding `count` keys in a buffer of `cap`
-/// (`compacted`: whether it compacted before in this row) for the top `k`:
-/// `Some(fit)` when it compacts, its select refining its crossing bucket
+/// (`compacted`: whether it compacted before in this row) for the top `k`
+/// (`late`: in the small-`k` kernel): `Some(fit)` when it compacts, its select refining its crossing bucket
 /// until the keys at or above it number at most `fit`
 /// ([`RadixSelect::advance_within`]). It compacts when the next round might
 /// not fit (`count > cap - FILTER_ROUND_KEYS`) and once early, as soon as
@@ -622,11 +631,16 @@ pub fn filter_compaction(
     cap: u32,
     compacted: bool,
     k: u32,
+    late: bool,
 ) -> Option<u32> {
     let fit = filter_late_fit(k);
     if round + 1 >= rounds {
         None
-    } else if round + FILTER_LATE_ROUNDS == rounds && fit <= FILTER_DIRECT_KEYS && count > fit {
+    } else if late
+        && round + FILTER_LATE_ROUNDS == rounds
+        && fit <= FILTER_DIRECT_KEYS
+        && count > fit
+    {
         Some(fit)
     } else if count > cap.saturating_sub(FILTER_ROUND_KEYS) || (!compacted && count > GATHER_CAP) {
         Some(GATHER_CAP)
@@ -713,13 +727,16 @@ pub struct FilterStats {
 /// compactions where [`filter_compaction`] says (the radix select of
 /// [`RadixSelect`] over the buffer; the threshold rises to its result and
 /// the buffer keeps the keys at or above it), the final select and the
-/// gather (unless [`filter_direct`]) and the sort. Its slab equals
-/// [`select_slab`]'s; the statistics say what the kernel does on a row.
+/// gather (unless [`filter_direct`]) and the sort; `small`: as the
+/// small-`k` filter kernel runs it (the seed of [`seed_by_maxima`], the
+/// late compaction and the direct end), else as the kernel for any `k`.
+/// Its slab equals [`select_slab`]'s; the statistics say what the kernel
+/// does on a row.
 /// `cap` is at least [`FILTER_MIN_CAP`] (the host's guarantee; below it the
 /// emulation still runs, and `peak` says by how much the kernel's buffer
 /// would overflow).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> FilterStats {
+pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32, small: bool) -> FilterStats {
     let vocab = row.len().min(crate::sample::MAX_VOCAB as usize) as u32;
     let misalign = misalign % 4;
     let key = |j: u32| composite(prob_bits(row[j as usize]), j);
@@ -767,7 +784,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             let mut hist = [0u32; BUCKETS as usize];
             let inside = |s: u32| s >= misalign && s < last;
             let bits = |s: u32| prob_bits(row[(s - misalign) as usize]);
-            if seed_by_maxima(k) {
+            if small && seed_by_maxima(k) {
                 for t in 0..RADIX_THREADS {
                     let top = (0..FILTER_ROUND_VECS)
                         .flat_map(|j| (0..4).map(move |e| 4 * (t + j * RADIX_THREADS) + e))
@@ -793,7 +810,8 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             }
         }
         stats.peak = stats.peak.max(buf.len() as u32);
-        if let Some(fit) = filter_compaction(r, rounds, buf.len() as u32, cap, compacted, k) {
+        if let Some(fit) = filter_compaction(r, rounds, buf.len() as u32, cap, compacted, k, small)
+        {
             t = narrow(&buf, &mut stats.passes, fit).max(t);
             buf.retain(|&x| x >= t);
             stats.max_kept = stats.max_kept.max(buf.len() as u32);
@@ -801,7 +819,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32) -> Filter
             compacted = true;
         }
     }
-    if !filter_direct(buf.len() as u32) {
+    if !(small && filter_direct(buf.len() as u32)) {
         let threshold = narrow(&buf, &mut stats.passes, GATHER_CAP).max(t);
         buf.retain(|&x| x >= threshold);
     }
@@ -991,7 +1009,8 @@ mod tests {
                 // less the stages) and the largest.
                 for cap in [FILTER_MIN_CAP, 12_608, FILTER_MAX_CAP] {
                     let misalign = rng.below(4);
-                    let f = filter_select(&r, top_k, cap, misalign);
+                    let small = top_k <= FILTER_SMALL_MAX_K && case % 2 == 1;
+                    let f = filter_select(&r, top_k, cap, misalign, small);
                     assert_eq!(
                         f.slab,
                         sorted_top(&r, top_k),
@@ -1086,7 +1105,7 @@ mod tests {
         // (kind, compactions, most pushes in 1000 elements of the row)
         for (kind, compactions, per_mille) in [(0, 1, 10), (3, 2, 100)] {
             let r = row(&mut rng, kind, 128_256);
-            let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+            let f = filter_select(&r, 50, FILTER_MAX_CAP, 0, true);
             assert_eq!(f.slab, sorted_top(&r, 50));
             std::println!(
                 "kind {kind}: compactions {}, passes {}, pushed {}, peak {}, gathered {}",
@@ -1105,18 +1124,18 @@ mod tests {
         // each later round pass it (k = 50, 16 rounds: under 1.5 k a round).
         assert!(seed_by_maxima(50) && !seed_by_maxima(RADIX_THREADS + 1));
         let r = row(&mut rng, 0, 128_256);
-        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0, true);
         assert!(f.pushed < 16 * 75, "{}", f.pushed);
         // Ascending: the seed settles on the first round, then every
         // round's keys pass: a compaction after every round but the first
         // and the last.
         let mut r = row(&mut rng, 0, 128_256);
         r.sort_by_key(|a| prob_bits(*a));
-        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0);
+        let f = filter_select(&r, 50, FILTER_MAX_CAP, 0, true);
         assert_eq!(f.slab, sorted_top(&r, 50));
         assert_eq!(f.compactions, 128_256u32.div_ceil(FILTER_ROUND_KEYS) - 2);
         let compacts = |round, rounds, count, compacted, k| {
-            filter_compaction(round, rounds, count, FILTER_MAX_CAP, compacted, k)
+            filter_compaction(round, rounds, count, FILTER_MAX_CAP, compacted, k, true)
         };
         assert_eq!(compacts(0, 1, FILTER_MAX_CAP, false, 50), None);
         assert_eq!(compacts(0, 2, GATHER_CAP + 1, false, 50), Some(GATHER_CAP));

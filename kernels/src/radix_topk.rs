@@ -1658,7 +1658,7 @@ fn pick_elem(v: &[u32; ROUND_ELEMS], i: usize) -> u32 {
 /// histograms of `smem` are free (no thread reads or writes them until
 /// the call returns).
 #[inline(always)]
-unsafe fn filter_seed(
+unsafe fn filter_seed<const SMALL: bool>(
     chunk: &Chunk,
     smem: Smem,
     v: &[u32; ROUND_ELEMS],
@@ -1669,7 +1669,7 @@ unsafe fn filter_seed(
     unsafe {
         clear_hist(smem, *parity);
         let mut counter = RunCounter::new(smem.hist(*parity));
-        if seed_by_maxima(k) {
+        if SMALL && seed_by_maxima(k) {
             let mut top = 0u32;
             each_elem!(i, {
                 if chunk.valid(filter_slot(0, i)) {
@@ -1851,7 +1851,7 @@ impl FilterRow {
 /// Every thread of the block calls it with the same arguments but `v`;
 /// `work`'s histograms and gather buffer are free.
 #[inline(always)]
-unsafe fn filter_round(
+unsafe fn filter_round<const SMALL: bool>(
     chunk: &Chunk,
     smem: Smem,
     work: Smem,
@@ -1870,7 +1870,7 @@ unsafe fn filter_round(
         if r == 0 {
             #[cfg(target_feature = "sm_90")]
             arch::bar_sync();
-            st.t = filter_seed(chunk, work, v, k, parity);
+            st.t = filter_seed::<SMALL>(chunk, work, v, k, parity);
             #[cfg(target_feature = "sm_90")]
             arch::fence_proxy_async_shared();
         }
@@ -1894,7 +1894,7 @@ unsafe fn filter_round(
             core::ptr::write_volatile(smem.ctl(CTL_FILL + (st.fill + 2) % 3), 0);
         }
         st.fill = (st.fill + 1) % 3;
-        if let Some(fit) = filter_compaction(r, st.rounds, st.count, cap, st.compacted, k) {
+        if let Some(fit) = filter_compaction(r, st.rounds, st.count, cap, st.compacted, k, SMALL) {
             let (threshold, kept) = filter_narrow(work, st.count, k, fit, st.t, parity);
             let mut i = tid;
             while i < kept {
@@ -1922,7 +1922,7 @@ unsafe fn filter_round(
 /// of the row was filtered ([`filter_round`]); the output pointers of
 /// `mode` hold the row.
 #[inline(always)]
-unsafe fn filter_end_row(
+unsafe fn filter_end_row<const SMALL: bool>(
     out: &Outputs,
     smem: Smem,
     row: u32,
@@ -1932,7 +1932,7 @@ unsafe fn filter_end_row(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        let direct = filter_direct(st.count);
+        let direct = SMALL && filter_direct(st.count);
         let n = filter_final(smem, st.count, st.k, st.t, parity, direct);
         finish_row(out, smem, row, st.k, n, mode);
     }
@@ -1964,7 +1964,12 @@ unsafe fn filter_end_row(
 /// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 #[cfg(not(target_feature = "sm_90"))]
 #[inline(always)]
-unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn filter_rows<const SMALL: bool>(
+    _ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs,
+    args: &RadixArgs,
+) {
     let smem = Smem::new();
     let tid = arch::thread_idx_x();
     let cap = args.cache_slots;
@@ -1993,10 +1998,10 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 if r + 1 < rounds {
                     next = filter_load(&chunk, r + 1);
                 }
-                filter_round(&chunk, smem, smem, r, &v, &mut st, &mut parity);
+                filter_round::<SMALL>(&chunk, smem, smem, r, &v, &mut st, &mut parity);
                 r += 1;
             }
-            filter_end_row(out, smem, row, &st, &mut parity, args.mode);
+            filter_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
             row += arch::grid_dim_y();
         }
     }
@@ -2022,7 +2027,7 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
 /// GATHER_CAP` keys.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_merge_end_row(
+unsafe fn filter_merge_end_row<const SMALL: bool>(
     out: &Outputs,
     smem: Smem,
     row: u32,
@@ -2039,7 +2044,8 @@ unsafe fn filter_merge_end_row(
     // after every remote access.
     unsafe {
         // No sort follows here: a buffer the merge can take goes as it is.
-        let n = filter_final(smem, st.count, st.k, st.t, parity, st.count <= GATHER_CAP);
+        let direct = SMALL && st.count <= GATHER_CAP;
+        let n = filter_final(smem, st.count, st.k, st.t, parity, direct);
         if rank == 0 && tid == 0 {
             core::ptr::write_volatile(smem.ctl(CTL_MERGED), 0);
         }
@@ -2066,7 +2072,8 @@ unsafe fn filter_merge_end_row(
         arch::cluster_sync();
         if rank == 0 {
             let merged = core::ptr::read_volatile(smem.ctl(CTL_MERGED));
-            let n = filter_final(smem, merged, st.k, 0, parity, filter_direct(merged));
+            let direct = SMALL && filter_direct(merged);
+            let n = filter_final(smem, merged, st.k, 0, parity, direct);
             finish_row(out, smem, row, st.k, n, mode);
         }
     }
@@ -2188,7 +2195,12 @@ unsafe fn filter_stage_load(chunk: &Chunk, stage: *const Quad, r: u32) -> [u32; 
 /// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn filter_rows<const SMALL: bool>(
+    _ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs,
+    args: &RadixArgs,
+) {
     let smem = Smem::staged();
     let tid = arch::thread_idx_x();
     let cap = args.cache_slots;
@@ -2243,7 +2255,7 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
                 // Stage s is read once the round's elements are in
                 // registers: the seed and the compaction work in it.
                 let work = smem.with_work(smem.stage(s) as *mut u8);
-                filter_round(&chunk, smem, work, r, &v, &mut st, &mut parity);
+                filter_round::<SMALL>(&chunk, smem, work, r, &v, &mut st, &mut parity);
                 if tid == 0 && r + FILTER_STAGES < rounds {
                     filter_issue(&chunk, smem, r + FILTER_STAGES, s);
                 }
@@ -2252,9 +2264,9 @@ unsafe fn filter_rows(_ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
             }
             // Every round issued was waited for: stage 0 is free.
             if arch::cluster_nctarank() == 1 {
-                filter_end_row(out, smem, row, &st, &mut parity, args.mode);
+                filter_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
             } else {
-                filter_merge_end_row(out, smem, row, &st, &mut parity, args.mode);
+                filter_merge_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
             }
             row += arch::grid_dim_y();
         }
@@ -2298,6 +2310,27 @@ fn global_exchange(ws: [*mut u8; 4]) -> Global {
 unsafe fn cluster_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
     // SAFETY: forwarded.
     unsafe { radix_rows(&cluster_exchange(ws), probs, out, args) }
+}
+
+/// The rows of [`radix_topk_filter_f32`]: any `k`.
+///
+/// # Safety
+/// The launch contract.
+#[inline(always)]
+unsafe fn filter_rows_any(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    // SAFETY: forwarded.
+    unsafe { filter_rows::<false>(ws, probs, out, args) }
+}
+
+/// The rows of [`radix_topk_filter_small_f32`]: every row's `k` at most
+/// [`FILTER_SMALL_MAX_K`](crate::radix_select::FILTER_SMALL_MAX_K).
+///
+/// # Safety
+/// The launch contract.
+#[inline(always)]
+unsafe fn filter_rows_small(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+    // SAFETY: forwarded.
+    unsafe { filter_rows::<true>(ws, probs, out, args) }
 }
 
 /// The rows of [`radix_topk_coop_f32`].
@@ -2373,8 +2406,13 @@ radix_entry!(
 );
 radix_entry!(
     radix_topk_filter_f32,
-    filter_rows,
+    filter_rows_any,
     "one CTA per row streaming it once against a running threshold, its candidates in shared memory (the large-batch route; `args.cache_slots` is the candidate buffer's capacity in keys; the workspace pointers are unused)"
+);
+radix_entry!(
+    radix_topk_filter_small_f32,
+    filter_rows_small,
+    "as `radix_topk_filter_f32`, for launches whose every `top_k` is at most `FILTER_SMALL_MAX_K`: the first round's seed from each thread's largest element, a late compaction and a row end without a final select where the buffer is short (kept out of `radix_topk_filter_f32`, whose code for larger `k` they made 0.5 to 1.9 us slower on the H200)"
 );
 
 /// The pivot route's input for probabilities: `logits[r][j] =
