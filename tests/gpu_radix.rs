@@ -1038,6 +1038,21 @@ fn sanitize_radix_filter_long_rows() {
         row.sort_by_key(|x| prob_bits(*x));
         b.probs[stride..stride + vocab].copy_from_slice(&row);
         b.top_k[1] = 50;
+        // The whole rows on one CTA, then (where the GPU runs them)
+        // split over clusters of 2 and of the most filter CTAs: parts
+        // starting inside a 16-byte group, the merge through
+        // distributed shared memory.
+        let caps = dev.radix_caps().unwrap();
+        let mut routes = vec![Route::Filter];
+        for ctas in [2, MAX_FILTER_CLUSTER] {
+            let split = Route::FilterCluster { ctas };
+            if caps.filter_cluster_slots[ctas as usize] > 0
+                && vocab >= 2048 * ctas as usize
+                && !routes.contains(&split)
+            {
+                routes.push(split);
+            }
+        }
         // Each shape of a few rows twice: as drawn (the kernel for any k),
         // then every k at most FILTER_SMALL_MAX_K (the small-k kernel).
         for small in [false, true] {
@@ -1049,22 +1064,7 @@ fn sanitize_radix_filter_long_rows() {
                     *k = (*k).min(FILTER_SMALL_MAX_K);
                 }
             }
-            // The whole rows on one CTA, then (where the GPU runs them)
-            // split over clusters of 2 and of the most filter CTAs: parts
-            // starting inside a 16-byte group, the merge through
-            // distributed shared memory.
-            let caps = dev.radix_caps().unwrap();
-            let mut routes = vec![Route::Filter];
-            for ctas in [2, MAX_FILTER_CLUSTER] {
-                let split = Route::FilterCluster { ctas };
-                if caps.filter_cluster_slots[ctas as usize] > 0
-                    && vocab >= 2048 * ctas as usize
-                    && !routes.contains(&split)
-                {
-                    routes.push(split);
-                }
-            }
-            for route in routes {
+            for &route in &routes {
                 let slab = slab_on_gpu(&dev, &stream, &b, route, &mut ws);
                 let tokens = tokens_on_gpu(&dev, &stream, &b, route, &mut ws);
                 coverage.case(&[filter_kernel(&b)]);

@@ -610,16 +610,16 @@ pub fn filter_late_fit(k: u32) -> u32 {
 /// The filter kernel's compaction of its candidate buffer after round
 /// `round` (of `rounds`), holding `count` keys in a buffer of `cap`
 /// (`compacted`: whether it compacted before in this row) for the top `k`
-/// (`late`: in the small-`k` kernel): `Some(fit)` when it compacts, its select refining its crossing bucket
-/// until the keys at or above it number at most `fit`
-/// ([`RadixSelect::advance_within`]). It compacts when the next round might
+/// (`late`: in the small-`k` kernel): `Some(fit)` when it compacts, its
+/// select refining its crossing bucket until the keys at or above it
+/// number at most `fit` ([`RadixSelect::advance_within`]). It compacts when the next round might
 /// not fit (`count > cap - FILTER_ROUND_KEYS`) and once early, as soon as
 /// more than [`GATHER_CAP`] keys were seen, so that the threshold becomes
 /// selective after the first round (both to [`GATHER_CAP`]); and late,
 /// after round `rounds - FILTER_LATE_ROUNDS`, for `k` whose
 /// [`filter_late_fit`] is at most [`FILTER_DIRECT_KEYS`] (up to 64), when
-/// the buffer holds more than that fit, to that many, so that the few keys the last
-/// rounds push leave a short buffer the row's end sorts without a final
+/// the buffer holds more than that fit, to that many, so that the few keys
+/// the last rounds push leave a short buffer the row's end sorts without a final
 /// select ([`filter_direct`]): that select then runs while the last
 /// rounds stream in instead of after them. Never after the last round
 /// (the final select follows).
@@ -753,8 +753,8 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32, small: bo
         max_kept: 0,
         gathered: 0,
     };
-    // The radix select over the buffer: its threshold (at most GATHER_CAP
-    // keys of the buffer at or above it).
+    // The radix select over the buffer: its threshold (at most `fit` keys
+    // of the buffer at or above it, or the last pass's bucket).
     let narrow = |buf: &[u64], passes: &mut u32, fit: u32| -> u64 {
         let mut sel = RadixSelect::new(k);
         loop {
