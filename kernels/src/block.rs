@@ -8,9 +8,7 @@ use crate::{arch, radix};
 pub fn warp_max_u64(mut v: u64) -> u64 {
     let mut m = 16;
     while m > 0 {
-        let lo = arch::shfl_bfly_u32(v as u32, m);
-        let hi = arch::shfl_bfly_u32((v >> 32) as u32, m);
-        let o = (u64::from(hi) << 32) | u64::from(lo);
+        let o = shfl_bfly_u64(v, m);
         if o > v {
             v = o;
         }
@@ -212,6 +210,120 @@ pub unsafe fn bitonic_sort_desc(buf: *mut u64, n: u32, threads: u32) {
             }
             size *= 2;
         }
+    }
+}
+
+/// `v` of lane `lane ^ mask` (a butterfly shuffle of both halves).
+#[inline(always)]
+fn shfl_bfly_u64(v: u64, mask: u32) -> u64 {
+    let lo = arch::shfl_bfly_u32(v as u32, mask);
+    let hi = arch::shfl_bfly_u32((v >> 32) as u32, mask);
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Sorts the first `n` words of `buf` descending, `E threads / 2 < n <= E
+/// threads`: the bitonic network of [`bitonic_sort_desc`] over `E threads`
+/// words (those after `n` padded with 0, which must be below every word
+/// sorted), with thread `t` holding words `E t .. E t + E` in registers.
+/// A step of stride below `E` compares a thread's own words; one of stride
+/// `E` to `16 E` its words with those of lane `t ^ stride / E` (two
+/// shuffles a word); only the steps of stride `32 E` and more (10 of the
+/// 55 of 1024 words) go through shared memory, a block barrier each, with
+/// one more barrier where a run of them starts. The network over shared
+/// memory alone moves every word through it at each of its steps (55
+/// for 1024 words, 66 for 2048), bound by the shared-memory bandwidth.
+/// Starts and ends with a block barrier.
+///
+/// # Safety
+/// Every thread of a block of `threads` (a multiple of 32) calls it; `buf`
+/// is shared memory of at least `E threads` words, which no one else
+/// touches meanwhile.
+#[inline(always)]
+pub unsafe fn bitonic_sort_desc_regs<const E: usize>(buf: *mut u64, n: u32, threads: u32) {
+    const { assert!(E.is_power_of_two()) };
+    let tid = arch::thread_idx_x();
+    let e_words = E as u32;
+    let words = e_words * threads;
+    let first = tid * e_words;
+    let mut v = [0u64; E];
+    // SAFETY: positions below `words` (caller's contract); the first
+    // barrier orders the caller's writes before the loads, a barrier
+    // follows every store before other threads read it, and every run of
+    // shared-memory steps starts after a barrier that follows the last
+    // register load of the words it overwrites.
+    unsafe {
+        arch::bar_sync();
+        for (e, w) in v.iter_mut().enumerate() {
+            let p = first + e as u32;
+            *w = if p < n { *buf.add(p as usize) } else { 0 };
+        }
+        let mut size = 2;
+        while size <= words {
+            let mut stride = size / 2;
+            if stride >= 32 * e_words {
+                for (e, w) in v.iter().enumerate() {
+                    *buf.add((first + e as u32) as usize) = *w;
+                }
+                arch::bar_sync();
+                while stride >= 32 * e_words {
+                    let mut i = tid;
+                    while i < words / 2 {
+                        let (lo, hi, desc) = bitonic_pair(i, size, stride);
+                        let (pa, pb) = (buf.add(lo as usize), buf.add(hi as usize));
+                        let (a, b) = (*pa, *pb);
+                        if (a < b) == desc {
+                            *pa = b;
+                            *pb = a;
+                        }
+                        i += threads;
+                    }
+                    arch::bar_sync();
+                    stride /= 2;
+                }
+                for (e, w) in v.iter_mut().enumerate() {
+                    *w = *buf.add((first + e as u32) as usize);
+                }
+            }
+            // Strides E to 16 E: the partner is lane `t ^ stride / E`, the
+            // same slot; this thread keeps the larger word when its words
+            // are the lower half of a descending block or the upper half
+            // of an ascending one.
+            while stride >= e_words {
+                let lane_mask = stride / e_words;
+                let lower = tid & lane_mask == 0;
+                let desc = first & size == 0;
+                for w in v.iter_mut() {
+                    let o = shfl_bfly_u64(*w, lane_mask);
+                    *w = if (o > *w) == (lower == desc) { o } else { *w };
+                }
+                stride /= 2;
+            }
+            // Strides below E (those below `size`): this thread's own
+            // words, the strides constants once the loop is unrolled, so
+            // that the words stay in registers.
+            for j in (0..E.trailing_zeros()).rev() {
+                let s = 1usize << j;
+                if (s as u32) < size {
+                    for e in 0..E {
+                        if e & s == 0 {
+                            let f = e | s;
+                            let desc = (first + e as u32) & size == 0;
+                            let (a, b) = (v[e], v[f]);
+                            if (a < b) == desc {
+                                v[e] = b;
+                                v[f] = a;
+                            }
+                        }
+                    }
+                }
+            }
+            size *= 2;
+        }
+        // Every thread's last reads of `buf` came before the last barrier.
+        for (e, w) in v.iter().enumerate() {
+            *buf.add((first + e as u32) as usize) = *w;
+        }
+        arch::bar_sync();
     }
 }
 

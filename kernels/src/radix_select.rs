@@ -649,6 +649,17 @@ pub fn filter_compaction(
     }
 }
 
+/// Keys the final select of a filter row leaves at most: `k` rounded up to
+/// a power of two, at least [`FILTER_DIRECT_KEYS`] (its select refines its
+/// crossing bucket until the keys at or above it fit, or to the last
+/// pass's bucket), so that the row's end sorts the next power of two
+/// above `k` (1024 keys at `k = 1000`, where [`GATHER_CAP`] left 1000 to
+/// 1400 keys on most rows of Gaussian logits, a network over 2048).
+#[inline(always)]
+pub fn filter_final_fit(k: u32) -> u32 {
+    k.next_power_of_two().clamp(FILTER_DIRECT_KEYS, GATHER_CAP)
+}
+
 /// Whether the end of a filter row sorts its `count` candidates as they
 /// are (they hold the row's top keys, and keys below them) instead of
 /// selecting among them first.
@@ -820,7 +831,7 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32, small: bo
         }
     }
     if !(small && filter_direct(buf.len() as u32)) {
-        let threshold = narrow(&buf, &mut stats.passes, GATHER_CAP).max(t);
+        let threshold = narrow(&buf, &mut stats.passes, filter_final_fit(k)).max(t);
         buf.retain(|&x| x >= threshold);
     }
     stats.gathered = buf.len() as u32;

@@ -75,8 +75,9 @@ use crate::radix_select::{
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
     RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
-    draw_target, filter_compaction, filter_direct, filter_pushes, first_digit, fixed_mass,
-    prob_bits, prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    draw_target, filter_compaction, filter_direct, filter_final_fit, filter_pushes, first_digit,
+    fixed_mass, prob_bits, prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps,
+    top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1322,8 +1323,10 @@ unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: 
         // The gathered composites are distinct (each holds its index).
         if n <= THREADS {
             block::rank_sort_desc::<3>(smem.gather(), n, THREADS);
+        } else if n <= 2 * THREADS {
+            block::bitonic_sort_desc_regs::<2>(smem.gather(), n, THREADS);
         } else {
-            block::bitonic_sort_desc(smem.gather(), n, THREADS);
+            block::bitonic_sort_desc_regs::<4>(smem.gather(), n, THREADS);
         }
         if mode & MODE_SLAB != 0 {
             write_slab(out, smem, row, k);
@@ -1799,7 +1802,7 @@ unsafe fn filter_final(
             arch::bar_sync();
             n
         } else {
-            filter_narrow(smem, n, k, GATHER_CAP, floor, parity).1
+            filter_narrow(smem, n, k, filter_final_fit(k), floor, parity).1
         }
     }
 }
