@@ -69,6 +69,7 @@ use alloc::vec::Vec;
 
 const _: () = assert!(KEY_BITS - MAX_PASSES * DIGIT_BITS <= 8);
 const _: () = assert!(SLAB - 1 + (1 << (KEY_BITS - MAX_PASSES * DIGIT_BITS)) <= GATHER_CAP);
+const _: () = assert!(SLAB - 1 + (1 << (DIGIT_BITS - 1)) <= GATHER_CAP);
 
 /// The clean bits of a probability: its bit pattern when it is finite and
 /// positive, else 0 (NaN, negative values, +-0 and +inf weigh nothing).
@@ -190,6 +191,32 @@ impl RadixSelect {
             above: 0,
             prefix: 0,
             shift: KEY_BITS - DIGIT_BITS,
+            passes: 0,
+        }
+    }
+
+    /// A select of the top `k` (>= 1) among keys whose clean bits all lie
+    /// in `lo_bits..=hi_bits`: the leading key bits both bounds share are
+    /// fixed, and the first pass counts the [`DIGIT_BITS`] below them.
+    /// Those keys spread over many buckets where [`RadixSelect::new`]'s
+    /// first digit (value bits 30..20) puts a filter buffer's keys, all
+    /// within a few octaves, in a dozen crowded ones. The passes end as
+    /// [`RadixSelect::advance_within`] says; the last one (`shift` below
+    /// [`DIGIT_BITS`]) has buckets of at most `2^(DIGIT_BITS - 1)` keys, so
+    /// `k` up to [`SLAB`] keeps at most `SLAB - 1 + 2^(DIGIT_BITS - 1) <=`
+    /// [`GATHER_CAP`] keys at or above it.
+    #[inline(always)]
+    pub fn within_bits(k: u32, lo_bits: u32, hi_bits: u32) -> RadixSelect {
+        let lo = u64::from(lo_bits) << 32;
+        let hi = (u64::from(hi_bits) << 32) | u64::from(u32::MAX);
+        // Leading bits of the 63-bit keys both share (bit 63 is 0 in both).
+        let common = ((lo ^ hi).leading_zeros() - 1).min(KEY_BITS - DIGIT_BITS);
+        let shift = KEY_BITS - DIGIT_BITS - common;
+        RadixSelect {
+            k,
+            above: 0,
+            prefix: hi >> (shift + DIGIT_BITS),
+            shift,
             passes: 0,
         }
     }
@@ -767,7 +794,13 @@ pub fn filter_select(row: &[f32], top_k: u32, cap: u32, misalign: u32, small: bo
     // The radix select over the buffer: its threshold (at most `fit` keys
     // of the buffer at or above it, or the last pass's bucket).
     let narrow = |buf: &[u64], passes: &mut u32, fit: u32| -> u64 {
-        let mut sel = RadixSelect::new(k);
+        let mut sel = if small {
+            RadixSelect::new(k)
+        } else {
+            let lo = buf.iter().map(|&x| composite_bits(x)).min().unwrap_or(0);
+            let hi = buf.iter().map(|&x| composite_bits(x)).max().unwrap_or(0);
+            RadixSelect::within_bits(k, lo, hi)
+        };
         loop {
             let mut hist = [0u32; BUCKETS as usize];
             for &x in buf {
@@ -998,6 +1031,44 @@ mod tests {
         // fifth (index bits 18..8; the fourth, index bits 29..19, only
         // splits vocabularies above 2^19).
         assert!([1, 2, 3, 5].iter().all(|&p| passes[p] > 0), "{passes:?}");
+    }
+
+    #[test]
+    fn select_within_the_keys_bits_finds_the_top_keys() {
+        let mut rng = Lcg(23);
+        for case in 0..300 {
+            let n = 1 + rng.below(5000) as usize;
+            let kind = rng.below(4);
+            let r = row(&mut rng, kind, n);
+            let keys: Vec<u64> = (0..n as u32)
+                .map(|j| composite(prob_bits(r[j as usize]), j))
+                .collect();
+            let lo = keys.iter().map(|&x| composite_bits(x)).min().unwrap_or(0);
+            let hi = keys.iter().map(|&x| composite_bits(x)).max().unwrap_or(0);
+            let k = 1 + rng.below(n.min(SLAB as usize) as u32);
+            let fit = [k, k.next_power_of_two(), GATHER_CAP][case % 3].max(k);
+            let mut sel = RadixSelect::within_bits(k, lo, hi);
+            let t = loop {
+                let mut hist = [0u32; BUCKETS as usize];
+                for &x in &keys {
+                    if let Some(d) = sel.digit(x) {
+                        hist[d as usize] += 1;
+                    }
+                }
+                if let Some(t) = sel.advance_within(crossing_of(&hist, sel.need()), fit) {
+                    break t;
+                }
+            };
+            let mut sorted = keys.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            let at_or_above = keys.iter().filter(|&&x| x >= t).count() as u32;
+            assert!(
+                sorted[k as usize - 1] >= t,
+                "case {case}: the k-th key is below t"
+            );
+            assert!(at_or_above <= GATHER_CAP, "case {case}: {at_or_above} keys");
+            assert!(sel.passes() <= MAX_PASSES, "case {case}");
+        }
     }
 
     #[test]
