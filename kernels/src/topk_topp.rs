@@ -1697,20 +1697,13 @@ unsafe fn refine<const LISTED: bool>(
 /// The kept prefix of row `row` ([`crate::pivot::select_row`] with the
 /// pre-filter on) from the partials of the statistics and filter passes:
 /// the pivot rounds over the candidate list when every candidate is
-/// listed, else over the row; a list of at most `sort_max` candidates is
+/// listed, else over the row; a list of at most [`SORT_MAX`] candidates is
 /// sorted instead.
 ///
 /// # Safety
-/// As [`run_search`]; both chunked passes of this call have completed;
-/// `sort_max` is at most [`SORT_MAX`].
+/// As [`run_search`]; both chunked passes of this call have completed.
 #[inline(always)]
-unsafe fn select(
-    row: Row,
-    slots: Slots,
-    view: RowView,
-    sort_max: u32,
-    smem: *mut u8,
-) -> (Selected, Source) {
+unsafe fn select(row: Row, slots: Slots, view: RowView, smem: *mut u8) -> (Selected, Source) {
     // SAFETY: the caller's contract covers every access; all control flow
     // below depends only on the row's plan and block-reduced values, so it
     // is uniform.
@@ -1757,10 +1750,10 @@ unsafe fn select(
         };
         let src = Source { row, list };
 
-        // Lists of at most `sort_max`: the candidates sorted in the total
+        // Lists of at most SORT_MAX: the candidates sorted in the total
         // order, no pivot rounds.
         if let Some(l) = list
-            && (1..=sort_max).contains(&l.total)
+            && (1..=SORT_MAX).contains(&l.total)
         {
             let (cut, ranked) = sort_cut(
                 l,
@@ -1859,13 +1852,7 @@ unsafe fn select(
 /// sorts lists up to it: its draw is one scan over the sorted ranks instead
 /// of a second pivot search.
 const SORT_MAX: u32 = TOPK_TOPP_LIST_CAP / 2;
-
-/// Longest candidate list the masking selection (and the renormalised
-/// probabilities' and kept sets') sorts. Measured on the H200 (session 13,
-/// V = 128256, Gaussian k = 1000, B = 1): lists of 2048 to 4096 took
-/// 63.2 us sorted and 52.5 us searched by pivot rounds.
-const MASK_SORT_MAX: u32 = 2048;
-const _: () = assert!(MASK_SORT_MAX <= SORT_MAX);
+const _: () = assert!(SORT_MAX <= 16 * ROW_THREADS);
 
 /// The position of a list entry (key in the low half, index in the high
 /// half) in the total order as one number: larger first (key descending,
@@ -1907,7 +1894,7 @@ unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
 /// most [`SORT_MAX`], every one a candidate): the list's entries, turned
 /// in place into their order words ([`order_of`]), sorted descending
 /// (by rank counting up to [`ROW_THREADS`] words, else by a bitonic
-/// network), so rank `r` is the `r`-th candidate of the total
+/// network held in registers, [`block::bitonic_sort_desc_regs`]), so rank `r` is the `r`-th candidate of the total
 /// order; then top-k keeps the ranks below `k` and top-p (`top_p`) the
 /// ranks whose exclusive mass, summed in rank order, is below `top_p`
 /// times the top-k survivors' mass (`total_mass`, every min-p survivor's,
@@ -1932,7 +1919,7 @@ unsafe fn sort_cut(
     let tid = arch::thread_idx_x();
     let n = l.total;
     // SAFETY: the list's entries below n, turned into order words by the
-    // thread that reads them; the sort's padding up to a power of two at
+    // thread that reads them; the sort's padding up to E ROW_THREADS at
     // most SORT_MAX; the masses after SORT_MAX words, inside the list's
     // room (const assert); barriers between the writes and the reads.
     unsafe {
@@ -1946,8 +1933,14 @@ unsafe fn sort_cut(
         // are distinct (each holds its index).
         if n <= ROW_THREADS {
             block::rank_sort_desc::<0>(order, n, ROW_THREADS);
+        } else if n <= 2 * ROW_THREADS {
+            block::bitonic_sort_desc_regs::<2>(order, n, ROW_THREADS);
+        } else if n <= 4 * ROW_THREADS {
+            block::bitonic_sort_desc_regs::<4>(order, n, ROW_THREADS);
+        } else if n <= 8 * ROW_THREADS {
+            block::bitonic_sort_desc_regs::<8>(order, n, ROW_THREADS);
         } else {
-            block::bitonic_sort_desc(order, n, ROW_THREADS);
+            block::bitonic_sort_desc_regs::<16>(order, n, ROW_THREADS);
         }
         let mut r = tid;
         while r < n {
@@ -2757,7 +2750,7 @@ unsafe fn mask_row(
 ) {
     // SAFETY: forwarded.
     unsafe {
-        let (sel, src) = select(row, slots, view, MASK_SORT_MAX, smem);
+        let (sel, src) = select(row, slots, view, smem);
         let (cut, w) = (sel.cut, sel.weights);
         // A sorted list's kept set is its first ranks (and its entries are
         // gone); else count the kept elements.
@@ -3253,7 +3246,7 @@ unsafe fn sample_row(
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on block-reduced values (uniform).
     unsafe {
-        let (sel, src) = select(row, slots, view, SORT_MAX, smem);
+        let (sel, src) = select(row, slots, view, smem);
         if !sel.valid {
             if tid == 0 {
                 *token_out = 0;
