@@ -1,5 +1,6 @@
 //! Warp- and block-wide reductions used by the row kernels.
 
+use crate::radix_select::bitonic_pair;
 use crate::{arch, radix};
 
 /// Maximum of `v` over the warp; every lane gets it.
@@ -203,9 +204,11 @@ fn own_step<const E: usize, const S: usize>(v: &mut [u64; E], first: u32, size: 
 /// - Strides `E` to `16 E`: with those of lane `t ^ stride / E`, two
 ///   shuffles a word.
 /// - Strides `32 E` and more (6 of the 78 steps of 4096 words, 10 of the
-///   55 of 1024): every thread stores its words to shared memory at
-///   [`swizzled`] positions and loads its partners' (all at once, free of
-///   bank conflicts), two block barriers a step.
+///   55 of 1024): in shared memory, at [`swizzled`] positions (free of
+///   bank conflicts). A run of them starts with every thread storing its
+///   words; in each step a thread compare-exchanges `E / 2` pairs (their
+///   loads all issued at once), a block barrier after it; the run ends
+///   with every thread loading its words back.
 ///
 /// The words start anywhere (a network sorts any order), so they are read
 /// in the block's coalesced order, and the sorted words go out through
@@ -231,37 +234,55 @@ pub unsafe fn bitonic_sort_desc_regs<const E: usize>(buf: *mut u64, n: u32, thre
     let mut v = [0u64; E];
     // SAFETY: positions below `words` (caller's contract); the first
     // barrier orders the caller's writes before the loads; every store to
-    // `buf` follows a barrier after the last load of the position by any
-    // thread, and every load a barrier after the store it reads.
+    // a position follows a barrier after the last load of it by another
+    // thread, and every load of another thread's store a barrier after it;
+    // a step's pairs are disjoint.
     unsafe {
         arch::bar_sync();
         for (e, w) in v.iter_mut().enumerate() {
             let p = e as u32 * threads + tid;
             *w = if p < n { *buf.add(p as usize) } else { 0 };
         }
+        // Every load above before any store below.
+        arch::bar_sync();
         let mut size = 2;
         while size <= words {
             let mut stride = size / 2;
-            // Strides of 32 E and more: with the words of thread
-            // `t ^ stride / E`, through shared memory. This thread keeps
-            // the larger word when its words are the lower half of a
-            // descending block or the upper half of an ascending one.
+            // Strides of 32 E and more: in shared memory. A thread's own
+            // positions are read by no other thread between runs, so a run
+            // stores them without a barrier first.
             let desc = first & size == 0;
-            while stride >= 32 * e_words {
-                arch::bar_sync();
+            if stride >= 32 * e_words {
                 for (e, w) in v.iter().enumerate() {
                     *buf.add(swizzled::<E>(first + e as u32)) = *w;
                 }
                 arch::bar_sync();
-                let lower = first & stride == 0;
-                for (e, w) in v.iter_mut().enumerate() {
-                    let o = *buf.add(swizzled::<E>(first + e as u32) ^ stride as usize);
-                    *w = if (o > *w) == (lower == desc) { o } else { *w };
+                while stride >= 32 * e_words {
+                    let mut pairs = [(0usize, 0usize, false); E];
+                    let mut words = [(0u64, 0u64); E];
+                    for j in 0..E / 2 {
+                        let (lo, hi, desc) = bitonic_pair(j as u32 * threads + tid, size, stride);
+                        pairs[j] = (swizzled::<E>(lo), swizzled::<E>(hi), desc);
+                        words[j] = (*buf.add(pairs[j].0), *buf.add(pairs[j].1));
+                    }
+                    for j in 0..E / 2 {
+                        let ((lo, hi, desc), (a, b)) = (pairs[j], words[j]);
+                        if (a < b) == desc {
+                            *buf.add(lo) = b;
+                            *buf.add(hi) = a;
+                        }
+                    }
+                    arch::bar_sync();
+                    stride /= 2;
                 }
-                stride /= 2;
+                for (e, w) in v.iter_mut().enumerate() {
+                    *w = *buf.add(swizzled::<E>(first + e as u32));
+                }
             }
             // Strides E to 16 E: the partner is lane `t ^ stride / E`, the
-            // same slot.
+            // same slot. This thread keeps the larger word when its words
+            // are the lower half of a descending block or the upper half
+            // of an ascending one.
             while stride >= e_words {
                 let lane_mask = stride / e_words;
                 let lower = tid & lane_mask == 0;
@@ -280,7 +301,7 @@ pub unsafe fn bitonic_sort_desc_regs<const E: usize>(buf: *mut u64, n: u32, thre
             own_step::<E, 1>(&mut v, first, size);
             size *= 2;
         }
-        arch::bar_sync();
+        // The last run's loads were of this thread's own positions.
         if E >= 8 {
             for (e, w) in v.iter().enumerate() {
                 *buf.add(swizzled::<E>(first + e as u32)) = *w;

@@ -51,29 +51,7 @@ const SPILL_ALLOW: &[(&str, &str, &str)] = &[
         "sm_90a",
         GROUPED_FILTER_SPILL,
     ),
-    ("topk_topp_sample_f32", "sm_80", SORT_SPILL),
-    ("topk_topp_mask_f32", "sm_80", SORT_SPILL),
-    ("topk_topp_cluster_sample_f32", "sm_80", SORT_SPILL),
-    ("topk_topp_sample_f32", "sm_89", SORT_SPILL),
-    ("topk_topp_cluster_sample_f32", "sm_89", SORT_SPILL),
-    ("topk_topp_sample_listed_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_sample_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_mask_listed_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_mask_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_cluster_sample_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_cluster_mask_f32", "sm_90", SORT_SPILL),
-    ("topk_topp_sample_listed_f32", "sm_90a", SORT_SPILL),
-    ("topk_topp_sample_f32", "sm_90a", SORT_SPILL),
-    ("topk_topp_mask_listed_f32", "sm_90a", SORT_SPILL),
-    ("topk_topp_mask_f32", "sm_90a", SORT_SPILL),
-    ("topk_topp_cluster_sample_f32", "sm_90a", SORT_SPILL),
-    ("topk_topp_cluster_mask_f32", "sm_90a", SORT_SPILL),
 ];
-const SORT_SPILL: &str = "the selection kernels at their 128-register bound (256 threads, two \
-     blocks a multiprocessor) sort lists of 2049 to 4096 candidates with 16 words a thread in \
-     registers (block::bitonic_sort_desc_regs::<16>): ptxas keeps 1 to 12 long-lived words in \
-     local memory (sm_90a SASS: 2 to 11 stores and 10 to 31 loads in kernels of 8000 to 12000 \
-     instructions, none in the network's steps)";
 const FILTER_SPILL: &str = "the pre-filter pass at four blocks a multiprocessor (64 registers): \
      ptxas keeps one flag word in local memory in the scan that sums the tiers' masses (rows with \
      top-p and no top-k only; sm_90a SASS: one store and two loads a chunk)";
