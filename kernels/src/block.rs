@@ -258,15 +258,17 @@ pub unsafe fn bitonic_sort_desc_regs<const E: usize>(buf: *mut u64, n: u32, thre
                 }
                 arch::bar_sync();
                 while stride >= 32 * e_words {
+                    // The step's E / 2 pairs of this thread (arrays of E:
+                    // a length cannot be computed from E), loaded first.
                     let mut pairs = [(0usize, 0usize, false); E];
-                    let mut words = [(0u64, 0u64); E];
+                    let mut loaded = [(0u64, 0u64); E];
                     for j in 0..E / 2 {
                         let (lo, hi, desc) = bitonic_pair(j as u32 * threads + tid, size, stride);
                         pairs[j] = (swizzled::<E>(lo), swizzled::<E>(hi), desc);
-                        words[j] = (*buf.add(pairs[j].0), *buf.add(pairs[j].1));
+                        loaded[j] = (*buf.add(pairs[j].0), *buf.add(pairs[j].1));
                     }
                     for j in 0..E / 2 {
-                        let ((lo, hi, desc), (a, b)) = (pairs[j], words[j]);
+                        let ((lo, hi, desc), (a, b)) = (pairs[j], loaded[j]);
                         if (a < b) == desc {
                             *buf.add(lo) = b;
                             *buf.add(hi) = a;
