@@ -4,10 +4,10 @@
 //!
 //! The chunked route reads each chunk of [`crate::params::TOPK_TOPP_CHUNK`]
 //! elements once for the row's statistics. For a row whose effective top-k
-//! is small ([`list_k`], at most [`LOCAL_MAX_K`]), the same pass also
-//! lists, per chunk, every element at or above a **chunk floor** taken
-//! from the chunk's own statistics (the Gaussian pre-filter applied to the
-//! chunk, [`floor_keys`] for [`chunk_ask`]'s targets), chosen among tiers ([`local_choice`]) so that the
+//! is small ([`local_k`]), the same pass also lists, per chunk, every
+//! element at or above a **chunk floor** taken from the chunk's own
+//! statistics (the Gaussian pre-filter applied to the chunk,
+//! [`local_floor_keys`]), chosen among tiers ([`local_choice`]) so that the
 //! chunk lists at least its own `k` largest elements, or all its finite
 //! ones. Then:
 //!
@@ -25,27 +25,11 @@
 //!   it (then the candidates are exactly those the pre-filter pass would
 //!   have listed, in the same order), else `max(F, min-p's key)`.
 //!
-//! Above [`LOCAL_MAX_K`] (up to [`SHARED_MAX_K`]) a chunk's own top k
-//! would be most of a row's candidates many times over, so each chunk lists
-//! only its **share**: the elements at or above the floor the chunk's
-//! statistics put at [`shared_target_count`] elements (its part of the
-//! row's k, with slack). Every element of the row at or above the highest
-//! floor `F` is then listed, and the plan counts the listed elements at or
-//! above `F`: the row is covered when they number at least k (the row's
-//! top k lie at or above `F`), or min-p's key lies at or above `F` (every
-//! element min-p keeps is listed) ([`shared_row_covered`]). Its candidates
-//! are the listed elements at or above `max(F, min-p's key)`. Rows whose
-//! chunks differ (real logits crowd their likely tokens into a few chunks)
-//! put `F` high and are seldom covered this way; they take the pre-filter
-//! pass.
-//!
 //! The floors are a speed device only: a row whose chunks could not list
 //! (a +inf entry, more elements at the loosest tier than a list holds, or
-//! top-k off or above [`SHARED_MAX_K`]) or that the lists do not cover
-//! takes the pre-filter pass as before. No function here panics on any
-//! input.
+//! top-k off or above [`LOCAL_MAX_K`]) takes the pre-filter pass as before.
+//! No function here panics on any input.
 
-use crate::params::TOPK_TOPP_CHUNK;
 use crate::pivot::{RowStats, upper_quantile_floor};
 use crate::radix::f32_key;
 
@@ -54,25 +38,8 @@ use crate::radix::f32_key;
 /// well inside a chunk list's capacity.
 pub const LOCAL_MAX_K: u32 = 256;
 
-/// Largest effective top-k whose rows the first pass lists at all: from
-/// [`LOCAL_MAX_K`] up, each chunk lists its share of the row's top k
-/// ([`shared_target_count`]). A Gaussian row's candidates then number
-/// about `1.2 k`: at k = 1000 a sort of 2048 rather than the pre-filter's
-/// about 2260 candidates and a sort of 4096.
-pub const SHARED_MAX_K: u32 = 4096;
-
-/// How many times its share of the row's k ([`shared_target_count`]) a
-/// chunk lists in shared mode. The highest of the chunks' floors, each
-/// estimated from 8192 elements, lies a little above the row's quantile it
-/// aims at; the quantile table's steps round every floor down. In the CPU
-/// emulation (`shared_lists_cover_gaussian_rows`, 60 rows a case) this
-/// covered every Gaussian and bf16-rounded row at V = 32000 to 262144 and
-/// k = 300 to 4096 with 1.1 to 1.2 k candidates at k >= 1000 (1.25 listed
-/// a row's every candidate too, with 1.2 to 1.8 k).
-pub const SHARED_SLACK: f32 = 1.1;
-
 /// How many times more expected elements the chunk's second tier asks for
-/// than its first ([`chunk_ask`]).
+/// than its first ([`local_floor_keys`]).
 pub const LOCAL_SECOND_TIER_FACTOR: f32 = 8.0;
 
 /// The chunk floor of a chunk that listed nothing usable: the row is not
@@ -99,28 +66,12 @@ pub fn effective_k(top_k: u32, temperature: f32, n: u32) -> u32 {
 }
 
 /// The k the first pass lists the chunks of a row of `vocab` elements for:
-/// [`effective_k`] when top-k cuts and keeps at most [`SHARED_MAX_K`], else
+/// [`effective_k`] when top-k cuts and keeps at most [`LOCAL_MAX_K`], else
 /// 0 (no lists).
 #[inline(always)]
-pub fn list_k(top_k: u32, temperature: f32, vocab: u32) -> u32 {
+pub fn local_k(top_k: u32, temperature: f32, vocab: u32) -> u32 {
     let k = effective_k(top_k, temperature, vocab);
-    if k < vocab && k <= SHARED_MAX_K { k } else { 0 }
-}
-
-/// Whether the chunks of a row listed for k `k` ([`list_k`]) list their
-/// share of it rather than their own top k.
-#[inline(always)]
-pub fn is_shared(k: u32) -> bool {
-    k > LOCAL_MAX_K
-}
-
-/// Elements a chunk of `len` elements of a row of `vocab` asks its floor
-/// for in shared mode: its share `s = floor(k len / vocab)` of the row's k
-/// as `SHARED_SLACK s + 8`.
-#[inline(always)]
-pub fn shared_target_count(k: u32, len: u32, vocab: u32) -> f32 {
-    // k <= SHARED_MAX_K and len <= TOPK_TOPP_CHUNK: the product fits.
-    SHARED_SLACK * (k.min(SHARED_MAX_K) * len.min(TOPK_TOPP_CHUNK) / vocab.max(1)) as f32 + 8.0
+    if k < vocab && k <= LOCAL_MAX_K { k } else { 0 }
 }
 
 /// Expected elements a chunk's first tier asks for: `k + 3 sqrt(k) + 8`,
@@ -135,50 +86,18 @@ pub fn local_target_count(k: u32) -> f32 {
     k + 3.0 * core::intrinsics::sqrtf32(k) + 8.0
 }
 
-/// What a chunk lists for: its two tiers' target counts (expected elements
-/// at or above each floor, [`floor_keys`]) and how many elements the tier
-/// it lists must hold ([`local_choice`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ChunkAsk {
-    pub targets: [f32; 2],
-    pub need: u32,
-}
-
-/// What a chunk of `len` elements of a row of `vocab` lists for k `k >= 1`
-/// ([`list_k`]): its own top k ([`local_target_count`] and
-/// [`LOCAL_SECOND_TIER_FACTOR`] times it, at least k elements), or in
-/// shared mode its share ([`shared_target_count`] for both tiers, no
-/// least count: the plan decides whether the row is covered,
-/// [`shared_row_covered`]). Computed before the chunk's loads: the
-/// statistics pass then holds two targets across them, not the mode.
-#[inline(always)]
-pub fn chunk_ask(k: u32, len: u32, vocab: u32) -> ChunkAsk {
-    if is_shared(k) {
-        let m = shared_target_count(k, len, vocab);
-        ChunkAsk {
-            targets: [m, m],
-            need: 0,
-        }
-    } else {
-        let m = local_target_count(k);
-        ChunkAsk {
-            targets: [m, LOCAL_SECOND_TIER_FACTOR * m],
-            need: k,
-        }
-    }
-}
-
-/// The chunk's two tier floors `[t1, t2]` for the target counts `m`
-/// ([`ChunkAsk`]) from its statistics `stats` (taken with `shift`):
-/// `mu + delta sigma` of its finite elements with `delta` for `m[i]`
-/// expected elements at or above it, never above the chunk's largest
+/// The chunk's two tier floors `[t1, t2]` (`t1 >= t2`) for top-k `k` from
+/// its statistics `stats` (taken with `shift`): `mu + delta sigma` of its
+/// finite elements with `delta` for [`local_target_count`] and
+/// [`LOCAL_SECOND_TIER_FACTOR`] times it, never above the chunk's largest
 /// element, never below [`LEAST_FINITE_KEY`] (the key of all finite
 /// elements, also where the model says nothing: fewer finite elements than
 /// the target, NaN statistics).
 #[inline(always)]
-pub fn floor_keys(stats: &RowStats, shift: f32, m: [f32; 2]) -> [u32; 2] {
+pub fn local_floor_keys(stats: &RowStats, shift: f32, k: u32) -> [u32; 2] {
     let (mu, sd) = stats.mean_sd(shift);
     let n = stats.n_finite as f32;
+    let m = local_target_count(k);
     let key = |m: f32| {
         if m >= n {
             return LEAST_FINITE_KEY;
@@ -195,7 +114,7 @@ pub fn floor_keys(stats: &RowStats, shift: f32, m: [f32; 2]) -> [u32; 2] {
             }
         }
     };
-    [key(m[0]), key(m[1])]
+    [key(m), key(LOCAL_SECOND_TIER_FACTOR * m)]
 }
 
 /// Which tier a chunk lists: its elements at or above its first tier floor,
@@ -209,42 +128,28 @@ pub enum LocalTier {
 
 /// The tier a chunk lists, from its counts at the two tier floors
 /// (`counts`), its finite and +inf counts and the list capacity `cap`: the
-/// first tier that reaches `need` ([`ChunkAsk`]) and fits, else all its
-/// finite elements when they fit; `None` (the row is not covered) when the
-/// chunk holds +inf or the loosest tier that could serve does not fit. (A
-/// share, `need` 0: the first tier when it fits, as no tier counts more
-/// than the finite elements.)
+/// first tier that reaches `k` and fits, else all its finite elements when
+/// they fit; `None` (the row is not covered) when the chunk holds +inf or
+/// the loosest tier that could serve does not fit.
 #[inline(always)]
 pub fn local_choice(
     counts: [u32; 2],
     n_finite: u32,
     n_posinf: u32,
-    need: u32,
+    k: u32,
     cap: u32,
 ) -> Option<LocalTier> {
     if n_posinf > 0 {
         None
-    } else if counts[0] >= need && counts[0] <= cap {
+    } else if counts[0] >= k && counts[0] <= cap {
         Some(LocalTier::First)
-    } else if counts[1] >= need && counts[1] <= cap {
+    } else if counts[1] >= k && counts[1] <= cap {
         Some(LocalTier::Second)
     } else if n_finite <= cap {
         Some(LocalTier::Finite)
     } else {
         None
     }
-}
-
-/// Whether a row whose chunks listed their shares of k `k`
-/// ([`is_shared`]) is covered by the lists: every chunk listed (`f_max`,
-/// the highest floor, is not [`NO_LIST`]), no +inf, and either the
-/// `at_f_max` listed elements at or above `f_max` (every element of the
-/// row at or above it, as each chunk listed all at or above its own floor)
-/// number at least k, so the row's top k lie among them, or min-p's key
-/// `min_key` is at least `f_max`, so every element min-p keeps is listed.
-#[inline(always)]
-pub fn shared_row_covered(f_max: u32, n_posinf: u32, at_f_max: u32, min_key: u32, k: u32) -> bool {
-    f_max != NO_LIST && n_posinf == 0 && k >= 1 && (at_f_max >= k || min_key >= f_max)
 }
 
 /// Whether a row whose highest chunk floor is `f_max` ([`NO_LIST`] when a
@@ -280,8 +185,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::float16::{bf16_to_f32, f32_to_bf16};
-    use crate::params::TopkToppLayout;
+    use crate::params::{TOPK_TOPP_CHUNK, TopkToppLayout};
     use crate::pivot::{Plan, RowParams};
 
     struct Rng(u64);
@@ -307,7 +211,7 @@ mod tests {
         let vocab = row.len() as u32;
         let lay = TopkToppLayout::new(1, vocab);
         let shift = RowStats::shift_of(row[0]);
-        let k = list_k(params.top_k, params.temperature, vocab);
+        let k = local_k(params.top_k, params.temperature, vocab);
         let key_of = |x: f32| f32_key(x.to_bits());
         let mut floors = Vec::new();
         for (c, chunk) in row.chunks(TOPK_TOPP_CHUNK as usize).enumerate() {
@@ -316,14 +220,13 @@ mod tests {
             let floor = if k == 0 {
                 NO_LIST
             } else {
-                let ask = chunk_ask(k, chunk.len() as u32, vocab);
-                let t = floor_keys(&st, shift, ask.targets);
+                let t = local_floor_keys(&st, shift, k);
                 let count = |f: u32| chunk.iter().filter(|&&x| key_of(x) >= f).count() as u32;
                 match local_choice(
                     [count(t[0]), count(t[1])],
                     st.n_finite,
                     st.n_posinf,
-                    ask.need,
+                    k,
                     lay.cap,
                 ) {
                     Some(LocalTier::First) => t[0],
@@ -339,30 +242,23 @@ mod tests {
         row.iter().for_each(|&x| st.add(x, shift));
         let plan = Plan::new(&st, shift, vocab, params);
         let f_max = floors.iter().copied().max().unwrap_or(NO_LIST);
+        if !(st.is_valid() && plan.topk && row_covered(f_max, st.n_finite, st.n_posinf, plan.k)) {
+            return None;
+        }
+        assert_eq!(plan.k, k, "the plan's k is the first pass's");
         let min_key = plan.weights.min_p_key();
         let listed: Vec<u32> = (0..vocab)
             .filter(|&i| {
                 let f = floors[(i / TOPK_TOPP_CHUNK) as usize];
-                f != NO_LIST && key_of(row[i as usize]) >= f
+                key_of(row[i as usize]) >= f
             })
             .collect();
-        let at = |f: u32| {
-            listed
-                .iter()
-                .filter(|&&i| key_of(row[i as usize]) >= f)
-                .count() as u32
-        };
-        let covered = if is_shared(k) {
-            shared_row_covered(f_max, st.n_posinf, at(f_max), min_key, plan.k)
-        } else {
-            row_covered(f_max, st.n_finite, st.n_posinf, plan.k)
-        };
-        if !(st.is_valid() && plan.topk && covered) {
-            return None;
-        }
-        assert_eq!(plan.k, k, "the plan's k is the first pass's");
         let tight = plan.t1.max(min_key);
-        let serves = !is_shared(k) && tight_floor_serves(tight, min_key, at(tight), plan.k);
+        let n_tight = listed
+            .iter()
+            .filter(|&&i| key_of(row[i as usize]) >= tight)
+            .count() as u32;
+        let serves = tight_floor_serves(tight, min_key, n_tight, plan.k);
         let floor = if serves { tight } else { f_max.max(min_key) };
         let cand = listed
             .into_iter()
@@ -447,7 +343,7 @@ mod tests {
             }
             let mut pick = |n: u64| (rng.next() % n) as usize;
             let mut params = RowParams {
-                top_k: [1u32, 2, 50, 256, 257, 1000, 0][pick(7)],
+                top_k: [1u32, 2, 50, 256, 257, 0][pick(6)],
                 top_p: 0.9,
                 min_p: [0.0f32, 0.05][pick(2)],
                 temperature: [1.0f32, 0.7, 1.0, 0.0][pick(4)],
@@ -481,63 +377,5 @@ mod tests {
             covered[2] > 0 && covered[3] > 0 && covered[4] > 0 && covered[5] > 0,
             "{covered:?}"
         );
-    }
-    /// Shared mode on the rows the bench draws: Gaussian rows (a sigma in
-    /// [0.5, 8]) and their bf16 roundings are covered with about `1.2 k`
-    /// candidates; whatever is covered lists its kept set.
-    #[test]
-    fn shared_lists_cover_gaussian_rows() {
-        let mut rng = Rng(0x5a1e_d0c5);
-        for vocab in [32_000usize, 128_256, 151_936, 262_144] {
-            for k in [300u32, 1000, 2000, 4096] {
-                // Gaussian, bf16-rounded Gaussian, Student-t (two degrees).
-                let (mut covered, mut cands) = ([0u32; 3], [0usize; 3]);
-                let rows = 12;
-                for r in 0..rows {
-                    let shape = r % 3;
-                    let sigma = 0.5 + 7.5 * rng.unit() as f32;
-                    let row: Vec<f32> = (0..vocab)
-                        .map(|_| match shape {
-                            0 => sigma * rng.normal(),
-                            1 => bf16_to_f32(f32_to_bf16(sigma * rng.normal())),
-                            _ => {
-                                let c = rng.normal().powi(2) + rng.normal().powi(2);
-                                2.0 * rng.normal() / (c / 2.0).sqrt().max(1e-3)
-                            }
-                        })
-                        .collect();
-                    let params = RowParams {
-                        top_k: k,
-                        top_p: 0.9,
-                        min_p: 0.0,
-                        temperature: 1.0,
-                        prefilter: true,
-                    };
-                    if let Some((cand, serves)) = candidates(&row, &params) {
-                        assert!(!serves);
-                        let want = kept(&row, &params);
-                        assert!(
-                            want.iter().all(|i| cand.binary_search(i).is_ok()),
-                            "V={vocab} k={k} row {r}: candidates miss the kept set"
-                        );
-                        covered[shape] += 1;
-                        cands[shape] += cand.len();
-                    }
-                }
-                let per = |s: usize| cands[s] as f64 / f64::from(covered[s].max(1)) / k as f64;
-                std::println!(
-                    "V={vocab} k={k}: covered {covered:?} of {} each, candidates / k {:.2} {:.2} {:.2}",
-                    rows / 3,
-                    per(0),
-                    per(1),
-                    per(2)
-                );
-                assert_eq!(covered[0], rows as u32 / 3, "V={vocab} k={k} Gaussian");
-                assert_eq!(covered[1], rows as u32 / 3, "V={vocab} k={k} bf16");
-                // Small shares ask for 8 more each: at most twice k.
-                let bound = if k >= 1000 { 1.3 } else { 2.0 };
-                assert!(per(0) < bound && per(1) < bound, "V={vocab} k={k}");
-            }
-        }
     }
 }
