@@ -1898,10 +1898,10 @@ unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
 /// `r` is the `r`-th candidate of the total order; then top-k keeps the
 /// ranks below `k` and top-p (`top_p`) the ranks whose exclusive mass,
 /// summed in rank order, is below `top_p` times the top-k survivors' mass
-/// (`total_mass`, every min-p survivor's, without top-k), and at least one: the pivot search's cut (its masses
-/// summed in another order). Returns the cut and the kept ranks; the
-/// sorted order and masses stay in shared memory ([`sorted_arrays`]) for
-/// [`sorted_draw`]. The list's entries are gone: a caller reads the kept
+/// (`total_mass`, every min-p survivor's, without top-k), and at least
+/// one: the pivot search's cut (its masses summed in another order).
+/// Returns the cut and the kept ranks; the sorted order and masses stay
+/// in shared memory ([`sorted_arrays`]) for [`sorted_draw`]. The list's entries are gone: a caller reads the kept
 /// set from the ranks.
 ///
 /// # Safety
