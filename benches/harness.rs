@@ -163,10 +163,12 @@ pub fn gaussian_bf16(rng: &mut StdRng, n: usize, rms: f32) -> Vec<bf16> {
 }
 
 /// Whether the case named `case` runs: every case, unless
-/// `FLASHSAMPLE_BENCH_ONLY` is set, then only those whose name contains it
-/// (for profiling one case, e.g. under Nsight Compute).
+/// `FLASHSAMPLE_BENCH_ONLY` is set, then only those whose name contains one
+/// of its `|`-separated texts (for profiling one case, e.g. under Nsight
+/// Compute, or timing a few in one process: `B=128 V|B=256 V`).
 pub fn selected(case: &str) -> bool {
-    std::env::var("FLASHSAMPLE_BENCH_ONLY").map_or(true, |only| case.contains(&only))
+    std::env::var("FLASHSAMPLE_BENCH_ONLY")
+        .map_or(true, |only| only.split('|').any(|text| case.contains(text)))
 }
 
 fn torch_refs() -> serde_free::Json {
