@@ -1901,8 +1901,8 @@ unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
 /// (`total_mass`, every min-p survivor's, without top-k), and at least
 /// one: the pivot search's cut (its masses summed in another order).
 /// Returns the cut and the kept ranks; the sorted order and masses stay
-/// in shared memory ([`sorted_arrays`]) for [`sorted_draw`]. The list's entries are gone: a caller reads the kept
-/// set from the ranks.
+/// in shared memory ([`sorted_arrays`]) for [`sorted_draw`]. The list's
+/// entries are gone: a caller reads the kept set from the ranks.
 ///
 /// # Safety
 /// As [`block_reduce`]; the list is loaded (a barrier since) in the
