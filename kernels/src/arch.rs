@@ -968,7 +968,8 @@ pub fn cvta_param(addr: u64) -> u64 {
 /// box of the 2D tensor map at generic address `map` whose first element is
 /// at coordinates `(c0, c1)` (innermost first; elements outside the tensor
 /// read as zero) into shared address `dst`, completing `box bytes` of
-/// transactions on the barrier at `bar`.
+/// transactions on the barrier at `bar`, under the L2 cache policy `policy`
+/// ([`l2_evict_first`], [`l2_evict_last`]) for the lines it reads.
 ///
 /// # Safety
 /// `map` addresses a valid tensor map (kernel parameter or global memory)
@@ -977,13 +978,41 @@ pub fn cvta_param(addr: u64) -> u64 {
 /// initialised barrier of the block expecting the bytes.
 #[cfg(target_feature = "sm_90a")]
 #[inline(always)]
-pub unsafe fn cp_async_bulk_tensor_2d(dst: u32, map: u64, c0: i32, c1: i32, bar: u32) {
+pub unsafe fn cp_async_bulk_tensor_2d(dst: u32, map: u64, c0: i32, c1: i32, bar: u32, policy: u64) {
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}}}], [{b}], {p};",
              d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1,
-             b = in(reg32) bar, options(nostack))
+             b = in(reg32) bar, p = in(reg64) policy, options(nostack))
     };
+}
+
+/// An L2 cache policy (`createpolicy.fractional`) that evicts the lines an
+/// access reads first: for data read once.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn l2_evict_first() -> u64 {
+    let p: u64;
+    // SAFETY: computes a value; no memory access.
+    unsafe {
+        asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) p,
+             options(pure, nomem, nostack))
+    };
+    p
+}
+
+/// An L2 cache policy (`createpolicy.fractional`) that keeps the lines an
+/// access reads last: for data read again by other blocks.
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub fn l2_evict_last() -> u64 {
+    let p: u64;
+    // SAFETY: computes a value; no memory access.
+    unsafe {
+        asm!("createpolicy.fractional.L2::evict_last.b64 {p}, 1.0;", p = out(reg64) p,
+             options(pure, nomem, nostack))
+    };
+    p
 }
 
 /// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`: a
