@@ -10,12 +10,13 @@
 //!
 //! ```text
 //! run-ab                 entry point (bash): ./run-ab [tests] [sanitize] [bench]
-//! <rev>/<name>           stripped test and bench executables of each revision
+//! <rev>/<name>           stripped bench executables of each revision, and
+//!                        test executables of each but the first
 //! revs.txt               the revisions, base first, with their subjects
 //! ```
 //!
 //! `run-ab tests` runs the test executables of every revision but the
-//! first (the base), `sanitize` their `sanitize_` tests under memcheck and
+//! first (the base, whose tests are neither built nor bundled), `sanitize` their `sanitize_` tests under memcheck and
 //! racecheck (`FLASHSAMPLE_SANITIZE_TOOLS` picks others), each test in its
 //! own process, and `bench` every revision's benches in turn, base first,
 //! `FLASHSAMPLE_AB_REPS` times (default 2), so that each comparison is made
@@ -56,7 +57,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let strip = which("strip");
     let mut labels = Vec::new();
     let mut listing = String::new();
-    for rev in &revs {
+    for (i, rev) in revs.iter().enumerate() {
         let label = git(&["rev-parse", "--short", rev])?;
         if labels.contains(&label) {
             return Err(format!("--rev {rev} is {label} twice"));
@@ -67,7 +68,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
             (&tests, Kind::Test, &["test", "--release"][..], "--test"),
             (&benches, Kind::Bench, &["bench"][..], "--bench"),
         ] {
-            if names.is_empty() {
+            // The base's tests are not run (it is what the others are
+            // compared with), so they are not bundled.
+            if names.is_empty() || (kind == Kind::Test && i == 0) {
                 continue;
             }
             let mut args = base.to_vec();

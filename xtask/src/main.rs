@@ -49,7 +49,8 @@ tasks:
   ab-bundle --rev BASE --rev REV [--rev REV ...] [--test NAME ...]
             [--bench NAME ...] [--out DIR] [--arch sm_90a]
       Build the named tests and benches (e.g. --test gpu_radix --bench radix)
-      of each git revision in its own worktree (target/ab/<rev>) and lay them
+      of each git revision (no tests of BASE) in its own worktree
+      (target/ab/<rev>) and lay them
       out in DIR/<rev>/ (default DIR: ab-bundle) with a `run-ab` script that
       runs the tests and sanitizer on every revision but BASE, then every
       revision's benches in turn in the same run.
