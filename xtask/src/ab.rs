@@ -16,8 +16,9 @@
 //! ```
 //!
 //! `run-ab tests` runs the test executables of every revision but the
-//! first (the base, whose tests are neither built nor bundled), `sanitize` their `sanitize_` tests under memcheck and
-//! racecheck (`FLASHSAMPLE_SANITIZE_TOOLS` picks others), each test in its
+//! first (the base, whose tests are neither built nor bundled),
+//! `sanitize` their `sanitize_` tests under memcheck and racecheck
+//! (`FLASHSAMPLE_SANITIZE_TOOLS` picks others), each test in its
 //! own process, and `bench` every revision's benches in turn, base first,
 //! `FLASHSAMPLE_AB_REPS` times (default 2), so that each comparison is made
 //! in one run.
