@@ -11,12 +11,15 @@
 //! ```text
 //! run-ab                 entry point (bash): ./run-ab [tests] [sanitize] [bench]
 //! <rev>/<name>           stripped bench executables of each revision, and
-//!                        test executables of each but the first
+//!                        test executables of each but the first and those
+//!                        named by `--bench-only`
 //! revs.txt               the revisions, base first, with their subjects
 //! ```
 //!
 //! `run-ab tests` runs the test executables of every revision but the
-//! first (the base, whose tests are neither built nor bundled),
+//! first (the base, whose tests are neither built nor bundled) and the
+//! `--bench-only` ones (variants timed beside a tested one, which keeps a
+//! bundle of several variants under the size limit),
 //! `sanitize` their `sanitize_` tests under memcheck and racecheck
 //! (`FLASHSAMPLE_SANITIZE_TOOLS` picks others), each test in its
 //! own process, and `bench` every revision's benches in turn, base first,
@@ -39,10 +42,21 @@ const MAX_BYTES: u64 = 60 * 1024 * 1024;
 const RUN_TEMPLATE: &str = include_str!("run_ab.sh");
 
 pub fn main(args: &[String]) -> Result<(), String> {
-    let opts = Opts::parse(args, &["rev", "test", "bench", "out", "arch"], &[])?;
+    let opts = Opts::parse(
+        args,
+        &["rev", "bench-only", "test", "bench", "out", "arch"],
+        &[],
+    )?;
     let revs = opts.all("rev");
     if revs.len() < 2 {
         return Err("ab-bundle needs at least two --rev (the base first)".into());
+    }
+    let mut bench_only = Vec::new();
+    for rev in opts.all("bench-only") {
+        if !revs.contains(&rev) {
+            return Err(format!("--bench-only {rev} is not one of the --rev"));
+        }
+        bench_only.push(git(&["rev-parse", "--short", rev])?);
     }
     let tests = opts.all("test");
     let benches = opts.all("bench");
@@ -70,8 +84,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
             (&benches, Kind::Bench, &["bench"][..], "--bench"),
         ] {
             // The base's tests are not run (it is what the others are
-            // compared with), so they are not bundled.
-            if names.is_empty() || (kind == Kind::Test && i == 0) {
+            // compared with), nor those of bench-only revisions, so they
+            // are not bundled.
+            let untested = i == 0 || bench_only.contains(&label);
+            if names.is_empty() || (kind == Kind::Test && untested) {
                 continue;
             }
             let mut args = base.to_vec();

@@ -46,10 +46,11 @@ tasks:
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
       and lay them out with a `run` script in DIR (default: bundle).
-  ab-bundle --rev BASE --rev REV [--rev REV ...] [--test NAME ...]
-            [--bench NAME ...] [--out DIR] [--arch sm_90a]
+  ab-bundle --rev BASE --rev REV [--rev REV ...] [--bench-only REV ...]
+            [--test NAME ...] [--bench NAME ...] [--out DIR] [--arch sm_90a]
       Build the named tests and benches (e.g. --test gpu_radix --bench radix)
-      of each git revision (no tests of BASE) in its own worktree
+      of each git revision (no tests of BASE, nor of the --rev also named by
+      --bench-only) in its own worktree
       (target/ab/<rev>) and lay them
       out in DIR/<rev>/ (default DIR: ab-bundle) with a `run-ab` script that
       runs the tests and sanitizer on every revision but BASE, then every
