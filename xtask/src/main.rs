@@ -53,8 +53,8 @@ tasks:
       --bench-only) in its own worktree
       (target/ab/<rev>) and lay them
       out in DIR/<rev>/ (default DIR: ab-bundle) with a `run-ab` script that
-      runs the tests and sanitizer on every revision but BASE, then every
-      revision's benches in turn in the same run.
+      runs the tests and sanitizer on every revision that has them, then
+      every revision's benches in turn in the same run.
   model-bundle [--out DIR] [--arch sm_90a]
       The real-model GPU run (model tests and `generate`, SmolLM2 included)
       cut into parts DIR/p1, p2, ... (default DIR: model-bundle) that each
