@@ -51,12 +51,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if revs.len() < 2 {
         return Err("ab-bundle needs at least two --rev (the base first)".into());
     }
-    let mut bench_only = Vec::new();
-    for rev in opts.all("bench-only") {
-        if !revs.contains(&rev) {
-            return Err(format!("--bench-only {rev} is not one of the --rev"));
-        }
-        bench_only.push(git(&["rev-parse", "--short", rev])?);
+    let bench_only = opts.all("bench-only");
+    if let Some(rev) = bench_only.iter().find(|rev| !revs.contains(rev)) {
+        return Err(format!("--bench-only {rev} is not one of the --rev"));
     }
     let tests = opts.all("test");
     let benches = opts.all("bench");
@@ -86,7 +83,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             // The base's tests are not run (it is what the others are
             // compared with), nor those of bench-only revisions, so they
             // are not bundled.
-            let untested = i == 0 || bench_only.contains(&label);
+            let untested = i == 0 || bench_only.contains(rev);
             if names.is_empty() || (kind == Kind::Test && untested) {
                 continue;
             }
