@@ -9,7 +9,7 @@
 //! Layout of the output folder (default `ab-bundle`):
 //!
 //! ```text
-//! run-ab                 entry point (bash): ./run-ab [tests] [sanitize] [bench]
+//! run-ab                 entry point (bash): ./run-ab [tests] [sanitize] [bench] [profile]
 //! <rev>/<name>           stripped bench executables of each revision, and
 //!                        test executables of each but the first and those
 //!                        named by `--bench-only`
@@ -24,7 +24,10 @@
 //! (`FLASHSAMPLE_SANITIZE_TOOLS` picks others), each test in its
 //! own process, and `bench` every revision's benches in turn, base first,
 //! `FLASHSAMPLE_AB_REPS` times (default 2), so that each comparison is made
-//! in one run.
+//! in one run; `profile` (never by default) runs Nsight Compute on one
+//! kernel of each revision's benches. The script's header lists the
+//! variables that narrow each step, and it leaves every log in one
+//! `logs.tgz`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -119,7 +122,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ));
     }
     println!(
-        "run it on the GPU machine with: {}/run-ab [tests] [sanitize] [bench]",
+        "run it on the GPU machine with: {}/run-ab [tests] [sanitize] [bench] [profile]",
         out.display()
     );
     Ok(())

@@ -54,7 +54,9 @@ tasks:
       (target/ab/<rev>) and lay them
       out in DIR/<rev>/ (default DIR: ab-bundle) with a `run-ab` script that
       runs the tests and sanitizer on every revision that has them, then
-      every revision's benches in turn in the same run.
+      every revision's benches in turn in the same run (and on request
+      Nsight Compute on one kernel of each revision's benches; the
+      script's header lists its steps and variables).
   model-bundle [--out DIR] [--arch sm_90a]
       The real-model GPU run (model tests and `generate`, SmolLM2 included)
       cut into parts DIR/p1, p2, ... (default DIR: model-bundle) that each

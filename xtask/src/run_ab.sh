@@ -2,15 +2,31 @@
 # flashsample same-run comparison, written by `cargo xtask ab-bundle`. Runs
 # on a machine with an NVIDIA GPU and driver; needs no Rust toolchain.
 #
-#   ./run-ab [tests] [sanitize] [bench]     (default: all three, in that order)
+#   ./run-ab [tests] [sanitize] [bench] [profile]
+#                       (default: the first three, in that order)
 #
-# tests     every test executable of each revision but the first (the base)
-# sanitize  their sanitize_ tests under memcheck and racecheck
+# tests     every test executable of each revision but the first (the base);
+#           FLASHSAMPLE_AB_TEST_ARGS_<test> (e.g. FLASHSAMPLE_AB_TEST_ARGS_gpu=fused)
+#           adds arguments (a name filter) to that executable's runs
+# sanitize  their sanitize_ tests under memcheck and racecheck; the tests
+#           listed are those whose name contains FLASHSAMPLE_SANITIZE_ONLY
+#           (default sanitize_)
 # bench     every revision's benches in turn, base first, FLASHSAMPLE_AB_REPS
-#           times (default 2); FLASHSAMPLE_BENCH_ONLY passes through
+#           times (default 2); FLASHSAMPLE_BENCH_ONLY passes through;
+#           FLASHSAMPLE_AB_BENCH_SPLIT, texts separated by ';', runs each
+#           bench once per text (one process each, the text as
+#           FLASHSAMPLE_BENCH_ONLY) instead
+# profile   Nsight Compute on every revision's benches: the first launch of
+#           the kernels matching the regular expression FLASHSAMPLE_NCU_KERNEL
+#           (required) in the cases FLASHSAMPLE_BENCH_ONLY selects, full
+#           section set with source counters, FLASHSAMPLE_NCU_ARGS added
 #
 # Logs go to $OUT, or to out/ next to this script when OUT is unset:
-#   <rev>_<test>.log  <rev>_san_<tool>.log  <rev>_<bench>_<rep>.log  summary.txt
+#   <rev>_<test>.log  <rev>_<test>_<sanitize test>_san_<tool>.log
+#   <rev>_<bench>_<rep>[_<n>].log
+#   <rev>_<bench>.ncu-rep and its details page <rev>_<bench>_ncu.txt
+#   summary.txt, and logs.tgz holding all of them (one file to fetch when
+#   the way back takes only a few)
 # FLASHSAMPLE_STEP_TIMEOUT bounds each command (seconds, default 300).
 set -uo pipefail
 
@@ -21,9 +37,9 @@ BENCHES=(@BENCHES@)
 steps=()
 for arg in "$@"; do
     case "$arg" in
-        tests | sanitize | bench) steps+=("$arg") ;;
+        tests | sanitize | bench | profile) steps+=("$arg") ;;
         *)
-            echo "usage: $0 [tests] [sanitize] [bench]" >&2
+            echo "usage: $0 [tests] [sanitize] [bench] [profile]" >&2
             exit 2
             ;;
     esac
@@ -50,19 +66,29 @@ step() {
 }
 
 san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+if [[ " ${steps[*]} " == *" profile "* && -z "${FLASHSAMPLE_NCU_KERNEL:-}" ]]; then
+    echo "profile needs FLASHSAMPLE_NCU_KERNEL (a regular expression of kernel names)" >&2
+    exit 2
+fi
 for s in "${steps[@]}"; do
     for rev in "${REVS[@]:1}"; do
         for t in "${TESTS[@]}"; do
             [ -x "$rev/$t" ] || continue
             case "$s" in
-                tests) step "$OUT/${rev}_$t.log" "$rev/$t" --test-threads=1 ;;
+                tests)
+                    args_var="FLASHSAMPLE_AB_TEST_ARGS_$t"
+                    # shellcheck disable=SC2086 # the arguments split on spaces
+                    step "$OUT/${rev}_$t.log" "$rev/$t" --test-threads=1 ${!args_var:-}
+                    ;;
                 sanitize)
                     # Each sanitize_ test in its own process, under each tool
                     # of FLASHSAMPLE_SANITIZE_TOOLS (default memcheck and
                     # racecheck), so a slow one costs only its own result.
-                    for name in $("$rev/$t" --list sanitize_ 2>/dev/null | sed -n 's/: test$//p'); do
+                    only="${FLASHSAMPLE_SANITIZE_ONLY:-sanitize_}"
+                    for name in $("$rev/$t" --list "$only" 2>/dev/null | sed -n 's/: test$//p' | grep sanitize_); do
                         for tool in ${FLASHSAMPLE_SANITIZE_TOOLS:-memcheck racecheck}; do
-                            step "$OUT/${rev}_${name}_san_$tool.log" "$san" --tool "$tool" \
+                            step "$OUT/${rev}_${t}_${name}_san_$tool.log" "$san" --tool "$tool" \
                                 --error-exitcode 1 "$rev/$t" --exact "$name"
                         done
                     done
@@ -71,11 +97,34 @@ for s in "${steps[@]}"; do
         done
     done
     if [ "$s" = bench ]; then
+        IFS=';' read -ra splits <<<"${FLASHSAMPLE_AB_BENCH_SPLIT:-}"
         for rep in $(seq 1 "$REPS"); do
             for rev in "${REVS[@]}"; do
                 for b in "${BENCHES[@]}"; do
-                    [ -x "$rev/$b" ] && step "$OUT/${rev}_${b}_$rep.log" "$rev/$b"
+                    [ -x "$rev/$b" ] || continue
+                    if [ ${#splits[@]} -eq 0 ]; then
+                        step "$OUT/${rev}_${b}_$rep.log" "$rev/$b"
+                        continue
+                    fi
+                    n=0
+                    for only in "${splits[@]}"; do
+                        n=$((n + 1))
+                        FLASHSAMPLE_BENCH_ONLY="$only" \
+                            step "$OUT/${rev}_${b}_${rep}_$n.log" "$rev/$b"
+                    done
                 done
+            done
+        done
+    fi
+    if [ "$s" = profile ]; then
+        for rev in "${REVS[@]}"; do
+            for b in "${BENCHES[@]}"; do
+                [ -x "$rev/$b" ] || continue
+                rep_file="$OUT/${rev}_$b"
+                # shellcheck disable=SC2086 # the arguments split on spaces
+                step "$OUT/${rev}_${b}_ncu.log" "$ncu" -k "regex:$FLASHSAMPLE_NCU_KERNEL" -c 1 \
+                    --set full --import-source yes -f -o "$rep_file" ${FLASHSAMPLE_NCU_ARGS:-} "$rev/$b" &&
+                    "$ncu" --import "$rep_file.ncu-rep" --page details >"$OUT/${rev}_${b}_ncu.txt" 2>&1
             done
         done
     fi
@@ -83,3 +132,4 @@ done
 grep -h "test result" "$OUT"/*.log 2>/dev/null | sort | uniq -c
 grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT"/*_san_*.log 2>/dev/null
 cat "$OUT/summary.txt"
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz -- *)
