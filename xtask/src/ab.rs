@@ -14,6 +14,8 @@
 //!                        test executables of each but the first and those
 //!                        named by `--bench-only`
 //! revs.txt               the revisions, base first, with their subjects
+//! data/corpus.bin        the logits corpus subset of `gpu-bundle`, when there
+//!                        is a corpus (the real rows of tests and benches)
 //! ```
 //!
 //! `run-ab tests` runs the test executables of every revision but the
@@ -33,7 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::bundle::{
-    Exe, Kind, RUN_PRELUDE, arch_and_out, cargo_executables, dir_size, strip_file, which,
+    Exe, Kind, RUN_PRELUDE, arch_and_out, cargo_executables, corpus_subset, dir_size, strip_file,
+    which,
 };
 use crate::{Opts, workspace_root};
 
@@ -109,6 +112,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         labels.push(label);
     }
     std::fs::write(out.join("revs.txt"), &listing).map_err(|e| format!("writing revs.txt: {e}"))?;
+    corpus_subset(&out.join("data"))?;
     write_run_script(&out.join("run-ab"), &labels, &tests, &benches)?;
 
     let size = dir_size(&out)?;

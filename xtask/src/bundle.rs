@@ -416,8 +416,9 @@ const CORPUS_STEP_STRIDE: u32 = 32;
 
 /// Copies every `CORPUS_STEP_STRIDE`-th step of the SmolLM2 logits corpus
 /// (when `cargo xtask logits-corpus` has written it) to `dir/corpus.bin`, for
-/// the GPU tests and benches (`run` points `FLASHSAMPLE_CORPUS` at it).
-fn corpus_subset(dir: &Path) -> Result<(), String> {
+/// the GPU tests and benches (`run` and `run-ab` point `FLASHSAMPLE_CORPUS`
+/// at it).
+pub(crate) fn corpus_subset(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let src = match crate::corpus::default_path() {
         Ok(p) if p.exists() => p,

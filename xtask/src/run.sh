@@ -46,8 +46,6 @@ done
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
 
 @PRELUDE@
-# The bundle's subset of the SmolLM2 logits corpus, when it carries one.
-[ -f "$HERE/data/corpus.bin" ] && export FLASHSAMPLE_CORPUS="$HERE/data/corpus.bin"
 
 # run_logged LOG COMMAND...: runs COMMAND (killed after STEP_TIMEOUT
 # seconds, exit status 124), its output to the console and appended to LOG;

@@ -5,6 +5,11 @@ OUT="$(cd "$OUT" && pwd)"
 cd "$HERE" || exit 1
 
 export FLASHSAMPLE_REQUIRE_GPU=1
+# The bundle's subset of the SmolLM2 logits corpus, when it carries one
+# (the real rows of the tests and benches).
+if [ -f "$HERE/data/corpus.bin" ]; then
+    export FLASHSAMPLE_CORPUS="$HERE/data/corpus.bin"
+fi
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # The driver compiles an executable's PTX module on its first load (45 to
