@@ -1092,33 +1092,6 @@ fn fused_concurrent_calls_on_several_streams_agree_with_serial_calls() {
     );
 }
 
-/// Rows of the SmolLM2 logits corpus: the bundle's subset
-/// (`FLASHSAMPLE_CORPUS`) or the full corpus next to the model, at most `max`
-/// rows spread over it; none (with a visible note) when there is no corpus.
-fn corpus_rows(test: &str, max: usize) -> Vec<corpus::Row> {
-    use std::io::Write;
-    let path = match std::env::var("FLASHSAMPLE_CORPUS") {
-        Ok(p) => std::path::PathBuf::from(p),
-        Err(_) => match corpus::default_path() {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = writeln!(std::io::stderr(), "NOTE {test}: no logits corpus ({e})");
-                return Vec::new();
-            }
-        },
-    };
-    let Ok(reader) = corpus::Reader::open(&path) else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "NOTE {test}: no logits corpus at {} (cargo xtask logits-corpus)",
-            path.display()
-        );
-        return Vec::new();
-    };
-    let every = corpus::Reader::count(&reader).div_ceil(max).max(1);
-    reader.step_by(every).map(|r| r.unwrap()).collect()
-}
-
 /// Real logits (SmolLM2-135M, 49152 tokens: heavy right tails, spikes,
 /// near-ties) through sampling_from_logits (f32 and bf16) and softmax, at
 /// the corpus row's own temperature and at 0.3, 1 and 2.
@@ -1127,7 +1100,7 @@ fn samplers_match_float64_reference_on_real_logits() {
     let Some((dev, stream)) = common::gpu("samplers_match_float64_reference_on_real_logits") else {
         return;
     };
-    let rows = corpus_rows("samplers_match_float64_reference_on_real_logits", 120);
+    let rows = corpus::spread_rows("samplers_match_float64_reference_on_real_logits", 120);
     if rows.is_empty() {
         return;
     }

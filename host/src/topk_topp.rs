@@ -121,9 +121,11 @@ pub enum TopkToppRoute {
     /// larger ones from sm_90 on).
     Cluster { ctas: u32 },
     /// The chunked passes whose statistics pass also lists each chunk's
-    /// own top k (rows with top-k of at most `cover::LOCAL_MAX_K`): a row
-    /// whose every chunk listed skips the pre-filter pass, one read of its
-    /// logits fewer (every GPU; the same results as [`Chunked`]).
+    /// own top k (rows with top-k of at most `cover::LOCAL_MAX_K`), or its
+    /// share of the row's top k (up to `cover::SHARED_MAX_K`): a row the
+    /// lists cover skips the pre-filter pass, one read of its logits fewer,
+    /// and its masking writes without reading (every GPU; the same results
+    /// as [`Chunked`]).
     ///
     /// [`Chunked`]: TopkToppRoute::Chunked
     Listed,

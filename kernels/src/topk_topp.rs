@@ -20,12 +20,15 @@
 //!    [`RowStats`] and, for a row whose top-k keeps at most
 //!    [`cover::LOCAL_MAX_K`], the chunk's own list: every element at or
 //!    above a floor from the chunk's statistics that lists at least the
-//!    chunk's k largest ([`cover`]), the chunk held in registers from its
-//!    loads to its list;
+//!    chunk's k largest ([`cover`]); up to [`cover::SHARED_MAX_K`], the
+//!    elements at or above a floor aimed at the chunk's share of the row's
+//!    k; the chunk held in registers from its loads to its list;
 //! 2. [`topk_topp_plan_f32`] (a block per row): merges the row's
 //!    statistics and writes the pre-filter's thresholds, and flags the row
 //!    [`COVERED`] when every chunk listed (the union of the lists then
-//!    holds the row's top k);
+//!    holds the row's top k) and, for shares, when the listed elements at
+//!    or above the highest chunk floor number at least k
+//!    ([`cover::shared_cover`]);
 //! 3. [`topk_topp_filter_f32`] (a block per chunk; nothing for a covered
 //!    row): writes the chunk's pre-filter tiers and its tier-1 survivors
 //!    (the usual candidates), in the block's scan order (each thread marks
@@ -449,13 +452,14 @@ impl Reduce for Tiers {
     }
 }
 
-/// The [`Tiers`]' counts alone, for rows whose masses the selection does
-/// not need (every mass 0): three `redux.sync` a warp instead of three f64
-/// butterflies.
+/// `N` counts summed over the block: the [`Tiers`]' counts alone, for rows
+/// whose masses the selection does not need (every mass 0: one `redux.sync`
+/// a count and warp instead of f64 butterflies), or the listed elements at
+/// the plan's floors ([`listed_at`]).
 #[derive(Clone, Copy)]
-struct TierCounts([u32; 3]);
+struct Counts<const N: usize>([u32; N]);
 
-impl TierCounts {
+impl Counts<3> {
     #[inline(always)]
     fn tiers(self) -> Tiers {
         let g = |n: u32| Tier { n, mass: 0.0 };
@@ -467,30 +471,20 @@ impl TierCounts {
     }
 }
 
-impl Reduce for TierCounts {
+impl<const N: usize> Reduce for Counts<N> {
     #[inline(always)]
     fn shfl(&self, m: u32) -> Self {
-        let n = self.0;
-        TierCounts([
-            arch::shfl_bfly_u32(n[0], m),
-            arch::shfl_bfly_u32(n[1], m),
-            arch::shfl_bfly_u32(n[2], m),
-        ])
+        Counts(self.0.map(|n| arch::shfl_bfly_u32(n, m)))
     }
     #[inline(always)]
     fn merge_with(&mut self, o: &Self) {
-        self.0[0] = self.0[0].wrapping_add(o.0[0]);
-        self.0[1] = self.0[1].wrapping_add(o.0[1]);
-        self.0[2] = self.0[2].wrapping_add(o.0[2]);
+        for (n, o) in self.0.iter_mut().zip(o.0) {
+            *n = n.wrapping_add(o);
+        }
     }
     #[inline(always)]
     fn warp_merge(self) -> Self {
-        let n = self.0;
-        TierCounts([
-            arch::redux_add_u32(n[0]),
-            arch::redux_add_u32(n[1]),
-            arch::redux_add_u32(n[2]),
-        ])
+        Counts(self.0.map(arch::redux_add_u32))
     }
 }
 
@@ -1066,8 +1060,8 @@ struct RowPlan {
     /// [`VALID`], [`MASS_NEEDED`], [`COVERED`].
     flags: u32,
     /// A covered row's candidate floor when the first tier's does not
-    /// serve ([`cover::tight_floor_serves`]): the highest chunk floor, at
-    /// least min-p's key.
+    /// serve ([`cover::tight_floor_serves`]), and always for a row listed
+    /// by shares: the highest chunk floor, at least min-p's key.
     wide: u32,
 }
 
@@ -1391,8 +1385,9 @@ impl UnionRun {
 /// The [`RowView`] of a row the statistics pass's chunk lists cover
 /// ([`COVERED`]), its candidates loaded into shared memory as
 /// [`load_list`] lays them out: the listed elements at or above the first
-/// tier's key (`rp.keys[0]`) when [`cover::tight_floor_serves`], else at or
-/// above `rp.wide`, chunk after chunk, each chunk's in its list's order
+/// tier's key (`rp.keys[0]`) when [`cover::tight_floor_serves`], else (and
+/// always for a row listed by shares, [`cover::is_shared`]) at or above
+/// `rp.wide`, chunk after chunk, each chunk's in its list's order
 /// (so on a row where no chunk floor lies above the first tier's key, the
 /// very candidates and order of the pre-filter pass). Each thread walks a
 /// run of the lists' union twice: to count (one block scan, which also
@@ -1451,10 +1446,14 @@ unsafe fn covered_view(rp: &RowPlan, slots: Slots, smem: *mut u8) -> RowView {
         };
         let k = rp.plan.k;
         let (tight, min_key) = (rp.keys[0], rp.keys[2]);
-        let g = run_group(tight);
+        // Shares of k: the elements at or above the highest chunk floor hold
+        // the row's top k (the plan's test), about 1.2 k of them on
+        // Gaussian rows against the first tier's 2.3 k at k = 1000.
+        let shared = cover::is_shared(k);
+        let mut floor = if shared { rp.wide } else { tight };
+        let g = run_group(floor);
         let (mut at, mut cand) = block_scan_reduce(g.n, g, smem);
-        let mut floor = tight;
-        if !cover::tight_floor_serves(tight, min_key, cand.n, k) {
+        if !shared && !cover::tight_floor_serves(tight, min_key, cand.n, k) {
             floor = rp.wide;
             let g = run_group(floor);
             (at, cand) = block_scan_reduce(g.n, g, smem);
@@ -2193,11 +2192,11 @@ fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan
 }
 
 /// One chunk's statistics partial, as [`stats_chunk`], and, for top-k
-/// `k >= 1` ([`cover::local_k`]; 0: no list), its list: every element at
-/// or above the chunk floor of the tier [`cover::local_choice`] picks, in
-/// the block's scan order, its count and its floor ([`cover::NO_LIST`]
-/// when no tier serves, or without a list: the row then takes the
-/// pre-filter pass). The chunk stays in registers from its loads to its
+/// `k >= 1` ([`cover::list_k`]; 0: no list), its list: every element at
+/// or above the chunk floor of the tier [`cover::local_choice`] picks for
+/// [`cover::chunk_ask`], in the block's scan order, its count and its
+/// floor ([`cover::NO_LIST`] when no tier serves, or without a list: the
+/// row then takes the pre-filter pass). The chunk stays in registers from its loads to its
 /// list.
 ///
 /// # Safety
@@ -2206,6 +2205,7 @@ fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan
 unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem: *mut u8) {
     let tid = arch::thread_idx_x();
     let chunk = Row::chunk(row, c);
+    let ask = cover::chunk_ask(k, chunk.n, row.n, slots.lay.cap);
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on `k` and block-reduced values (uniform).
     unsafe {
@@ -2230,7 +2230,7 @@ unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem:
         // slot p: as floats where that decides as the keys do (each floor a
         // number above -inf other than +0; NaN fails, as its key, -inf's,
         // would), else as keys.
-        let t = cover::local_floor_keys(&st, shift, k);
+        let t = cover::floor_keys(&st, shift, ask.targets);
         let tf = [
             f32::from_bits(f32_from_key(t[0])),
             f32::from_bits(f32_from_key(t[1])),
@@ -2255,7 +2255,7 @@ unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem:
         let counts = [tot & 0xffff, tot >> 16];
         let cap = slots.lay.cap;
         let (floor, n, hits, at) =
-            match cover::local_choice(counts, st.n_finite, st.n_posinf, k, cap) {
+            match cover::local_choice(counts, st.n_finite, st.n_posinf, ask.need, cap) {
                 Some(LocalTier::First) => (t[0], counts[0], h1, pre & 0xffff),
                 Some(LocalTier::Second) => (t[1], counts[1], h2, pre >> 16),
                 Some(LocalTier::Finite) => {
@@ -2302,7 +2302,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
 }
 
 /// Pass 1 of the listing route: [`topk_topp_stats_f32`]'s statistics and,
-/// when the row's top-k is small ([`cover::local_k`]), the chunk's list
+/// when the row's top-k is listed ([`cover::list_k`]), the chunk's list
 /// ([`survey_chunk`]); else its floor is [`cover::NO_LIST`].
 ///
 /// # Launch
@@ -2328,7 +2328,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_listed_f32(
     unsafe {
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let shift = RowStats::shift_of(*row.ptr);
-        let k = cover::local_k(*top_k.add(r as usize), *temperature.add(r as usize), vocab);
+        let k = cover::list_k(*top_k.add(r as usize), *temperature.add(r as usize), vocab);
         survey_chunk(row, c, shift, k, slots, smem);
     }
 }
@@ -2427,7 +2427,8 @@ unsafe fn plan_row<const LISTED: bool>(
         let shift = RowStats::shift_of(*logits.add(r as usize * row_stride as usize));
         let stats = merged_stats(slots, smem);
         let tid = arch::thread_idx_x();
-        let mut f_max = 0;
+        let (mut f_max, mut shared_wide) = (0, None);
+        let mut shared = false;
         if LISTED {
             let (mut floor, mut c) = (0u32, tid);
             while c < slots.lay.chunks {
@@ -2435,6 +2436,17 @@ unsafe fn plan_row<const LISTED: bool>(
                 c += ROW_THREADS;
             }
             f_max = block::block_max_u64(u64::from(floor), smem as *mut u64) as u32;
+            let k = cover::list_k(
+                *top_k.add(r as usize),
+                *temperature.cast::<f32>().add(r as usize),
+                vocab,
+            );
+            shared = cover::is_shared(k);
+            if shared && f_max != cover::NO_LIST {
+                let floors = cover::shared_floors(&stats, shift, k, f_max);
+                let at = listed_at(slots, floors, smem);
+                shared_wide = Some((floors, at));
+            }
         }
         if tid != 0 {
             return;
@@ -2448,16 +2460,60 @@ unsafe fn plan_row<const LISTED: bool>(
         );
         let mut out = row_plan(&stats, shift, vocab, params);
         let plan = out.plan;
-        if LISTED
+        let min_key = out.keys[2];
+        // The candidate floor of a covered row.
+        let wide = if shared {
+            shared_wide.and_then(|(floors, at)| {
+                cover::shared_cover(f_max, stats.n_posinf, floors, at, min_key, plan.k)
+            })
+        } else if cover::row_covered(f_max, stats.n_finite, stats.n_posinf, plan.k) {
+            Some(f_max.max(min_key))
+        } else {
+            None
+        };
+        if let Some(wide) = wide
+            && LISTED
             && out.flags & VALID != 0
             && plan.topk
             && slots.lay.chunks <= TOPK_TOPP_MAX_LISTED_CHUNKS
-            && cover::row_covered(f_max, stats.n_finite, stats.n_posinf, plan.k)
         {
             out.flags |= COVERED;
-            out.wide = f_max.max(out.keys[2]);
+            out.wide = wide;
         }
         *slots.plan() = out;
+    }
+}
+
+/// How many entries of a row's chunk lists have keys at least each of
+/// `floors` (every chunk listed), to every thread: warp `w` reads chunks
+/// `w`, `w + WARPS`, ..., each lane four entries at a time.
+///
+/// # Safety
+/// As [`block_reduce`]; the statistics pass has completed and every chunk
+/// of the row listed (its count at most the layout's `cap`).
+#[inline(always)]
+unsafe fn listed_at<const N: usize>(slots: Slots, floors: [u32; N], smem: *mut u8) -> [u32; N] {
+    let tid = arch::thread_idx_x();
+    let (mut n, mut c) = ([0u32; N], tid / 32);
+    // SAFETY: entries below each chunk's count, inside its list.
+    unsafe {
+        while c < slots.lay.chunks {
+            let (count, list) = (*slots.count(c), slots.list(c));
+            let mut q = tid % 32;
+            while q < count {
+                for d in [0u32, 32, 64, 96] {
+                    if q + d < count {
+                        let key = *list.add((q + d) as usize) as u32;
+                        for (n, &f) in n.iter_mut().zip(floors.iter()) {
+                            *n += u32::from(key >= f);
+                        }
+                    }
+                }
+                q += 128;
+            }
+            c += ROW_THREADS / 32;
+        }
+        block_reduce(Counts(n), smem as *mut Counts<N>).0
     }
 }
 
@@ -2621,7 +2677,7 @@ unsafe fn filter_chunk(row: Row, c: u32, plan: RowPlan, slots: Slots, smem: *mut
         let (at, tiers) = if mass_needed {
             block_scan_reduce(acc.n[0], acc.tiers(), smem)
         } else {
-            let (at, counts) = block_scan_reduce(acc.n[0], TierCounts(acc.n), smem);
+            let (at, counts) = block_scan_reduce(acc.n[0], Counts(acc.n), smem);
             (at, counts.tiers())
         };
         let total = tiers.s1.n;

@@ -328,6 +328,36 @@ impl Drop for Writer {
     }
 }
 
+/// Rows of the SmolLM2 logits corpus: the bundle's subset
+/// (`FLASHSAMPLE_CORPUS`) or the full corpus next to the model, at most `max`
+/// rows spread over it; none (with a visible note) when there is no corpus.
+pub fn spread_rows(test: &str, max: usize) -> Vec<Row> {
+    use std::io::Write;
+    let path = match std::env::var("FLASHSAMPLE_CORPUS") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(_) => match default_path() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "NOTE {test}: no logits corpus ({e})");
+                return Vec::new();
+            }
+        },
+    };
+    let Ok(reader) = Reader::open(&path) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "NOTE {test}: no logits corpus at {} (cargo xtask logits-corpus)",
+            path.display()
+        );
+        return Vec::new();
+    };
+    let every = Reader::count(&reader).div_ceil(max).max(1);
+    reader
+        .step_by(every)
+        .map(|r| r.unwrap_or_else(|e| panic!("{test}: reading {}: {e}", path.display())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
