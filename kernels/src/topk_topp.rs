@@ -474,17 +474,29 @@ impl Counts<3> {
 impl<const N: usize> Reduce for Counts<N> {
     #[inline(always)]
     fn shfl(&self, m: u32) -> Self {
-        Counts(self.0.map(|n| arch::shfl_bfly_u32(n, m)))
+        // Element by element in place: `array::map` keeps its array in
+        // local memory (an 80-byte stack frame in every kernel using it).
+        let mut n = self.0;
+        for n in n.iter_mut() {
+            *n = arch::shfl_bfly_u32(*n, m);
+        }
+        Counts(n)
     }
     #[inline(always)]
     fn merge_with(&mut self, o: &Self) {
-        for (n, o) in self.0.iter_mut().zip(o.0) {
-            *n = n.wrapping_add(o);
+        // By index: zipping with the array by value keeps its iterator in
+        // local memory.
+        for i in 0..N {
+            self.0[i] = self.0[i].wrapping_add(o.0[i]);
         }
     }
     #[inline(always)]
     fn warp_merge(self) -> Self {
-        Counts(self.0.map(arch::redux_add_u32))
+        let mut n = self.0;
+        for n in n.iter_mut() {
+            *n = arch::redux_add_u32(*n);
+        }
+        Counts(n)
     }
 }
 
@@ -2501,7 +2513,10 @@ unsafe fn listed_at<const N: usize>(slots: Slots, floors: [u32; N], smem: *mut u
             let (count, list) = (*slots.count(c), slots.list(c));
             let mut q = tid % 32;
             while q < count {
-                for d in [0u32, 32, 64, 96] {
+                // A range, not an array by value (whose iterator would
+                // sit in local memory).
+                for j in 0..4 {
+                    let d = 32 * j;
                     if q + d < count {
                         let key = *list.add((q + d) as usize) as u32;
                         for (n, &f) in n.iter_mut().zip(floors.iter()) {
