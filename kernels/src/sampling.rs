@@ -128,12 +128,12 @@ impl Elem for Bf16 {
     fn max_token(v: [u32; 4], j: u32) -> (f32, u32) {
         let mut best = (f32::NEG_INFINITY, j);
         for (i, &w) in v.iter().enumerate() {
-            for (h, x) in [bf16_to_f32(w as u16), bf16_to_f32((w >> 16) as u16)]
-                .into_iter()
-                .enumerate()
-            {
+            // Halves by index: an array of the two taken by value would
+            // keep its iterator in local memory.
+            for h in 0..2 {
+                let x = bf16_to_f32((w >> (16 * h)) as u16);
                 if x > best.0 {
-                    best = (x, j + 2 * i as u32 + h as u32);
+                    best = (x, j + 2 * i as u32 + h);
                 }
             }
         }

@@ -245,14 +245,28 @@ fn asm_path(cargo_json: &str) -> Option<PathBuf> {
 }
 
 /// Problems that make a module unusable: unresolved external functions
-/// (panic paths, bounds checks, formatting left in device code) and missing
-/// entry points.
+/// (panic paths, bounds checks, formatting left in device code), missing
+/// entry points, and kernels whose PTX keeps an array in local memory (a
+/// `.local` declaration: the code generator's own stack, such as an
+/// iterator over an array taken by value; ptxas's stack frames and spills
+/// are judged from its resource report instead).
 pub fn check(ptx: &str, entry_points: &[&str]) -> Vec<String> {
     let mut problems = Vec::new();
+    let mut entry: Option<&str> = None;
     for line in ptx.lines() {
         let l = line.trim();
         if l.starts_with(".extern .func") || l.starts_with(".extern .global") {
             problems.push(format!("unresolved external: {l}"));
+        }
+        if let Some(rest) = l.strip_prefix(".visible .entry ") {
+            entry = rest.split('(').next();
+        } else if line.starts_with('}') {
+            entry = None;
+        } else if let Some(e) = entry.filter(|_| l.starts_with(".local ")) {
+            problems.push(format!(
+                "{e} keeps an array in local memory ({l}): index loops instead of \
+                 iterating arrays by value"
+            ));
         }
     }
     for e in entry_points {
@@ -266,6 +280,31 @@ pub fn check(ptx: &str, entry_points: &[&str]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_arrays_in_kernels_are_problems() {
+        let ptx = concat!(
+            ".visible .func helper(\n",
+            "{\n",
+            "\t.local .align 8 .b8 \t__local_depot0[72];\n",
+            "}\n",
+            ".visible .entry good(\n",
+            "\t.param .u64 good_param_0\n",
+            ")\n",
+            "{\n",
+            "\tret;\n",
+            "}\n",
+            ".visible .entry bad(\n",
+            ")\n",
+            "{\n",
+            "\t.local .align 8 .b8 \t__local_depot2[80];\n",
+            "}\n",
+        );
+        let problems = check(ptx, &["good", "bad"]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("bad keeps an array in local memory"));
+        assert!(check(ptx, &["good", "gone"])[1].contains("missing entry point gone"));
+    }
 
     #[test]
     fn diagnostics_are_read_from_cargo_messages() {
