@@ -42,9 +42,14 @@
 //! list several shares, so that the crowded chunk's extra elements are
 //! still found, and the row's own floors keep the candidates near k.
 //!
+//! Shares are listed only in vocabularies of at least [`SHARED_MIN_VOCAB`],
+//! and a chunk whose tail its Gaussian model does not describe declines
+//! ([`shared_declines`]).
+//!
 //! The floors are a speed device only: a row whose chunks could not list
-//! (a +inf entry, more elements at the loosest tier than a list holds, or
-//! top-k off or above [`SHARED_MAX_K`]) or that the lists do not cover
+//! (a +inf entry, more elements at the loosest tier than a list holds, a
+//! declined share, or top-k off or above [`SHARED_MAX_K`]) or that the
+//! lists do not cover
 //! takes the pre-filter pass as before. No function here panics on any
 //! input.
 
@@ -63,6 +68,22 @@ pub const LOCAL_MAX_K: u32 = 256;
 /// about `1.2 k`: at k = 1000 a sort of 2048 rather than the pre-filter's
 /// about 2260 candidates and a sort of 4096.
 pub const SHARED_MAX_K: u32 = 4096;
+
+/// Least vocabulary whose rows are listed by shares: below it a row is a
+/// few chunks (32000: four), whose pre-filter pass re-reads little, and on
+/// the H200 (session 34, V = 32000, B >= 512, k = 1000) listing about 6 k
+/// entries a row cost more than the pass it saves: Gaussian, bf16 and real
+/// rows 9 to 15 % slower.
+pub const SHARED_MIN_VOCAB: u32 = 65_536;
+
+/// A chunk whose largest element lies more than this many standard
+/// deviations above its mean does not list its share ([`shared_declines`]):
+/// its Gaussian floors say nothing of its tail, so its row would not be
+/// covered and the list would be written for nothing (heavy-tailed rows paid
+/// 2 to 9 % for it on the H200, session 34). Session 29's chunks: Gaussian
+/// and bf16 3.2 to 5.1, real SmolLM2 2.9 to 9.2, Student-t 4 to 70
+/// (median 31).
+pub const SHARED_DECLINE_Z: f32 = 12.0;
 
 /// How many times its share of the row's k ([`shared_target_count`]) a
 /// chunk lists in shared mode. In the CPU emulation (`tests/cover.rs`) a
@@ -106,12 +127,14 @@ pub fn effective_k(top_k: u32, temperature: f32, n: u32) -> u32 {
 }
 
 /// The k the first pass lists the chunks of a row of `vocab` elements for:
-/// [`effective_k`] when top-k cuts and keeps at most [`SHARED_MAX_K`], else
-/// 0 (no lists).
+/// [`effective_k`] when top-k cuts and keeps at most [`LOCAL_MAX_K`], or at
+/// most [`SHARED_MAX_K`] in a vocabulary of at least [`SHARED_MIN_VOCAB`];
+/// else 0 (no lists).
 #[inline(always)]
 pub fn list_k(top_k: u32, temperature: f32, vocab: u32) -> u32 {
     let k = effective_k(top_k, temperature, vocab);
-    if k < vocab && k <= SHARED_MAX_K { k } else { 0 }
+    let listed = k <= LOCAL_MAX_K || (k <= SHARED_MAX_K && vocab >= SHARED_MIN_VOCAB);
+    if k < vocab && listed { k } else { 0 }
 }
 
 /// Whether the chunks of a row listed for k `k` ([`list_k`]) list their
@@ -119,6 +142,15 @@ pub fn list_k(top_k: u32, temperature: f32, vocab: u32) -> u32 {
 #[inline(always)]
 pub fn is_shared(k: u32) -> bool {
     k > LOCAL_MAX_K
+}
+
+/// Whether a chunk with statistics `stats` (taken with `shift`) declines to
+/// list its share: its largest element lies more than [`SHARED_DECLINE_Z`]
+/// standard deviations above its mean (never for NaN statistics).
+#[inline(always)]
+pub fn shared_declines(stats: &RowStats, shift: f32) -> bool {
+    let (mu, sd) = stats.mean_sd(shift);
+    stats.max() - mu > SHARED_DECLINE_Z * sd
 }
 
 /// Elements a chunk of `len` elements of a row of `vocab` asks its floor

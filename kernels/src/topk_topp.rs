@@ -2229,13 +2229,14 @@ unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem:
         let mut st = RowStats::EMPTY;
         each_quad(|v| st.add4([x[4 * v], x[4 * v + 1], x[4 * v + 2], x[4 * v + 3]], shift));
         let st = block_reduce(st, smem as *mut RowStats);
+        let unlisted = k == 0 || (cover::is_shared(k) && cover::shared_declines(&st, shift));
         if tid == 0 {
             *slots.stats(c) = st;
-            if k == 0 {
+            if unlisted {
                 *slots.floor(c) = cover::NO_LIST;
             }
         }
-        if k == 0 {
+        if unlisted {
             return;
         }
         // This thread's elements at or above each tier's floor, bit p for
