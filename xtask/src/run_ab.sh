@@ -25,8 +25,9 @@
 #   <rev>_<test>.log  <rev>_<test>_<sanitize test>_san_<tool>.log
 #   <rev>_<bench>_<rep>[_<n>].log
 #   <rev>_<bench>.ncu-rep and its details page <rev>_<bench>_ncu.txt
-#   summary.txt, and logs.tgz holding all of them (one file to fetch when
-#   the way back takes only a few)
+#   summary.txt; at the end all of them but summary.txt go into logs.tgz
+#   and leave $OUT (the way back from the device machine takes only a few
+#   files, and would drop logs.tgz itself behind many logs)
 # FLASHSAMPLE_STEP_TIMEOUT bounds each command (seconds, default 300).
 set -uo pipefail
 
@@ -132,4 +133,5 @@ done
 grep -h "test result" "$OUT"/*.log 2>/dev/null | sort | uniq -c
 grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT"/*_san_*.log 2>/dev/null
 cat "$OUT/summary.txt"
-(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz -- *)
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt -- * &&
+    find . -mindepth 1 -maxdepth 1 ! -name logs.tgz ! -name summary.txt -exec rm -rf -- {} +)
