@@ -11,9 +11,8 @@
 mod corpus;
 
 use flashsample::kernels::cover::{
-    LEAST_FINITE_KEY, LocalTier, NO_LIST, SHARED_MIN_VOCAB, chunk_ask, floor_keys, is_shared,
-    list_k, local_choice, row_covered, shared_cover, shared_declines, shared_floors,
-    tight_floor_serves,
+    LEAST_FINITE_KEY, LocalTier, NO_LIST, SHARED_MIN_VOCAB, chunk_ask, chunk_lists, floor_keys,
+    is_shared, list_k, local_choice, row_covered, shared_cover, shared_floors, tight_floor_serves,
 };
 use flashsample::kernels::float16::{bf16_to_f32, f32_to_bf16};
 use flashsample::kernels::params::{TOPK_TOPP_CHUNK, TopkToppLayout};
@@ -53,7 +52,7 @@ fn candidates(row: &[f32], params: &RowParams) -> Option<(Vec<u32>, bool)> {
     for (c, chunk) in row.chunks(TOPK_TOPP_CHUNK as usize).enumerate() {
         let mut st = RowStats::EMPTY;
         chunk.iter().for_each(|&x| st.add(x, shift));
-        let floor = if k == 0 || (is_shared(k) && shared_declines(&st, shift)) {
+        let floor = if !chunk_lists(k, &st, shift) {
             NO_LIST
         } else {
             let ask = chunk_ask(k, chunk.len() as u32, vocab, lay.cap);

@@ -7,9 +7,9 @@
 //! is small ([`list_k`], at most [`LOCAL_MAX_K`]), the same pass also
 //! lists, per chunk, every element at or above a **chunk floor** taken
 //! from the chunk's own statistics (the Gaussian pre-filter applied to the
-//! chunk, [`floor_keys`] for [`chunk_ask`]'s targets), chosen among tiers ([`local_choice`]) so that the
-//! chunk lists at least its own `k` largest elements, or all its finite
-//! ones. Then:
+//! chunk, [`floor_keys`] for [`chunk_ask`]'s targets), chosen among tiers
+//! ([`local_choice`]) so that the chunk lists at least its own `k` largest
+//! elements, or all its finite ones. Then:
 //!
 //! - **The row's top k lie in the union of the lists.** An element among
 //!   the row's k largest (value desc, index asc) has fewer than k elements
@@ -44,14 +44,13 @@
 //!
 //! Shares are listed only in vocabularies of at least [`SHARED_MIN_VOCAB`],
 //! and a chunk whose tail its Gaussian model does not describe declines
-//! ([`shared_declines`]).
+//! ([`chunk_lists`]).
 //!
 //! The floors are a speed device only: a row whose chunks could not list
 //! (a +inf entry, more elements at the loosest tier than a list holds, a
 //! declined share, or top-k off or above [`SHARED_MAX_K`]) or that the
-//! lists do not cover
-//! takes the pre-filter pass as before. No function here panics on any
-//! input.
+//! lists do not cover takes the pre-filter pass as before. No function
+//! here panics on any input.
 
 use crate::params::TOPK_TOPP_CHUNK;
 use crate::pivot::{RowStats, upper_quantile_floor};
@@ -77,7 +76,7 @@ pub const SHARED_MAX_K: u32 = 4096;
 pub const SHARED_MIN_VOCAB: u32 = 65_536;
 
 /// A chunk whose largest element lies more than this many standard
-/// deviations above its mean does not list its share ([`shared_declines`]):
+/// deviations above its mean does not list its share ([`chunk_lists`]):
 /// its Gaussian floors say nothing of its tail, so its row would not be
 /// covered and the list would be written for nothing (heavy-tailed rows paid
 /// 2 to 9 % for it on the H200, session 34). Session 29's chunks: Gaussian
@@ -144,13 +143,18 @@ pub fn is_shared(k: u32) -> bool {
     k > LOCAL_MAX_K
 }
 
-/// Whether a chunk with statistics `stats` (taken with `shift`) declines to
-/// list its share: its largest element lies more than [`SHARED_DECLINE_Z`]
-/// standard deviations above its mean (never for NaN statistics).
+/// Whether a chunk with statistics `stats` (taken with `shift`) lists for
+/// k `k` ([`list_k`]; 0: no lists): always for its own top k, and for a
+/// share unless it declines, its largest element more than
+/// [`SHARED_DECLINE_Z`] standard deviations above its mean (never for NaN
+/// statistics).
 #[inline(always)]
-pub fn shared_declines(stats: &RowStats, shift: f32) -> bool {
-    let (mu, sd) = stats.mean_sd(shift);
-    stats.max() - mu > SHARED_DECLINE_Z * sd
+pub fn chunk_lists(k: u32, stats: &RowStats, shift: f32) -> bool {
+    let declines = |stats: &RowStats| {
+        let (mu, sd) = stats.mean_sd(shift);
+        stats.max() - mu > SHARED_DECLINE_Z * sd
+    };
+    !(k == 0 || (is_shared(k) && declines(stats)))
 }
 
 /// Elements a chunk of `len` elements of a row of `vocab` asks its floor

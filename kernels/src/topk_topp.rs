@@ -2203,13 +2203,13 @@ fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan
     }
 }
 
-/// One chunk's statistics partial, as [`stats_chunk`], and, for top-k
-/// `k >= 1` ([`cover::list_k`]; 0: no list), its list: every element at
-/// or above the chunk floor of the tier [`cover::local_choice`] picks for
-/// [`cover::chunk_ask`], in the block's scan order, its count and its
-/// floor ([`cover::NO_LIST`] when no tier serves, or without a list: the
-/// row then takes the pre-filter pass). The chunk stays in registers from its loads to its
-/// list.
+/// One chunk's statistics partial, as [`stats_chunk`], and, when it lists
+/// for top-k `k` ([`cover::list_k`], [`cover::chunk_lists`]), its list:
+/// every element at or above the chunk floor of the tier
+/// [`cover::local_choice`] picks for [`cover::chunk_ask`], in the block's
+/// scan order, its count and its floor ([`cover::NO_LIST`] when no tier
+/// serves, or without a list: the row then takes the pre-filter pass). The
+/// chunk stays in registers from its loads to its list.
 ///
 /// # Safety
 /// As [`block_reduce`] and [`Row::scan`]; `c` is a chunk of the row.
@@ -2229,7 +2229,7 @@ unsafe fn survey_chunk(row: Row, c: u32, shift: f32, k: u32, slots: Slots, smem:
         let mut st = RowStats::EMPTY;
         each_quad(|v| st.add4([x[4 * v], x[4 * v + 1], x[4 * v + 2], x[4 * v + 3]], shift));
         let st = block_reduce(st, smem as *mut RowStats);
-        let unlisted = k == 0 || (cover::is_shared(k) && cover::shared_declines(&st, shift));
+        let unlisted = !cover::chunk_lists(k, &st, shift);
         if tid == 0 {
             *slots.stats(c) = st;
             if unlisted {
