@@ -146,8 +146,8 @@ pub fn is_shared(k: u32) -> bool {
 /// Whether a chunk with statistics `stats` (taken with `shift`) lists for
 /// k `k` ([`list_k`]; 0: no lists): always for its own top k, and for a
 /// share unless it declines, its largest element more than
-/// [`SHARED_DECLINE_Z`] standard deviations above its mean (never for NaN
-/// statistics).
+/// [`SHARED_DECLINE_Z`] standard deviations above its mean (a chunk with
+/// NaN statistics does not decline).
 #[inline(always)]
 pub fn chunk_lists(k: u32, stats: &RowStats, shift: f32) -> bool {
     let declines = |stats: &RowStats| {
