@@ -441,17 +441,19 @@ fn main() -> Result<()> {
                     // The other route (see the module docs): up to B = 128,
                     // and at every batch the planner lists.
                     let other = match planned {
-                        TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed => {
+                        TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed { .. } => {
                             Some(TopkToppRoute::Chunked)
                         }
                         // From B = 32 the cluster route would take
                         // several waves: the listing passes instead.
-                        TopkToppRoute::Chunked if batch >= 32 => Some(TopkToppRoute::Listed),
+                        TopkToppRoute::Chunked if batch >= 32 => {
+                            Some(TopkToppRoute::Listed { shares_only: false })
+                        }
                         TopkToppRoute::Chunked => {
                             Some(cluster).filter(|c| *c != TopkToppRoute::Chunked)
                         }
                     }
-                    .filter(|_| batch <= 128 || planned == TopkToppRoute::Listed);
+                    .filter(|_| batch <= 128 || matches!(planned, TopkToppRoute::Listed { .. }));
                     // Both calls on the planned route, on the other one,
                     // and on the planned route replayed from CUDA graphs.
                     let mut times = [[f64::NAN; 2]; 3];
@@ -485,7 +487,8 @@ fn main() -> Result<()> {
                     let [[t_mask, t_sample], [o_mask, o_sample], [g_mask, g_sample]] = times;
                     let route_name = |r: TopkToppRoute| match r {
                         TopkToppRoute::Chunked => "chunked".to_string(),
-                        TopkToppRoute::Listed => "listed".to_string(),
+                        TopkToppRoute::Listed { shares_only: false } => "listed".to_string(),
+                        TopkToppRoute::Listed { shares_only: true } => "listed shares".to_string(),
                         TopkToppRoute::Cluster { ctas } => format!("cluster {ctas}"),
                     };
                     let other_name = other.map_or("-".to_string(), route_name);

@@ -982,7 +982,7 @@ fn topk_cluster_route_matches_the_chunked_passes() {
         let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
         // The listing passes (the planner's from LISTED_MIN_BATCH rows),
         // forced on this small batch: the same bits as the plain passes.
-        ws.force_topk_topp_route(Some(TopkToppRoute::Listed));
+        ws.force_topk_topp_route(Some(TopkToppRoute::Listed { shares_only: false }));
         let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
         report.check(kept == want_mask.1, || {
             format!("V={vocab} listed: kept counts differ from the chunked passes")
@@ -1120,7 +1120,8 @@ fn sanitize_topk_paths() {
         let chunks = TopkToppLayout::new(1, b.rows.vocab as u32).chunks;
         let mut routes = vec![
             TopkToppRoute::Chunked,
-            TopkToppRoute::Listed,
+            TopkToppRoute::Listed { shares_only: false },
+            TopkToppRoute::Listed { shares_only: true },
             TopkToppRoute::Cluster { ctas: 1 },
         ];
         if chunks > 1 && caps.cluster_slots[chunks as usize] > 0 {
@@ -1137,7 +1138,7 @@ fn sanitize_topk_paths() {
                 // chunked passes).
                 check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
                 coverage.case(&RENORM_KEPT);
-            } else if route == TopkToppRoute::Listed {
+            } else if matches!(route, TopkToppRoute::Listed { .. }) {
                 coverage.case(&LISTED_MASK);
                 coverage.case(&LISTED_SAMPLE);
             } else {
@@ -1185,7 +1186,7 @@ fn sanitize_topk_paths() {
         }
     }
     coverage.case(&[match dev.topk_topp_route(rows) {
-        TopkToppRoute::Chunked | TopkToppRoute::Listed => "topk_topp_apply_f32",
+        TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
     }]);
     // The same strided rows into contiguous probabilities and kept sets.

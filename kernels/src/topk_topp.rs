@@ -2316,7 +2316,10 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
 
 /// Pass 1 of the listing route: [`topk_topp_stats_f32`]'s statistics and,
 /// when the row's top-k is listed ([`cover::list_k`]), the chunk's list
-/// ([`survey_chunk`]); else its floor is [`cover::NO_LIST`].
+/// ([`survey_chunk`]); else its floor is [`cover::NO_LIST`]. With
+/// `shares_only` (not 0) only rows listed by shares ([`cover::is_shared`])
+/// list: a row whose chunks list no floor is planned and filtered as on the
+/// plain passes.
 ///
 /// # Launch
 /// See the module docs (a block per chunk); `top_k` and `temperature` hold
@@ -2325,6 +2328,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_f32(
 /// # Safety
 /// See the module docs.
 #[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_stats_listed_f32(
     logits: *const f32,
     top_k: *const u32,
@@ -2332,6 +2336,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_listed_f32(
     vocab: u32,
     row_stride: u64,
     batch: u32,
+    shares_only: u32,
     ws: *mut u64,
 ) {
     pass_start();
@@ -2342,6 +2347,11 @@ pub unsafe extern "ptx-kernel" fn topk_topp_stats_listed_f32(
         let row = Row::whole(logits.add(r as usize * row_stride as usize), vocab);
         let shift = RowStats::shift_of(*row.ptr);
         let k = cover::list_k(*top_k.add(r as usize), *temperature.add(r as usize), vocab);
+        let k = if shares_only != 0 && !cover::is_shared(k) {
+            0
+        } else {
+            k
+        };
         survey_chunk(row, c, shift, k, slots, smem);
     }
 }
