@@ -393,7 +393,7 @@ fn main() -> Result<()> {
     for vocab in VOCABS {
         // The cluster route of a row of this vocabulary, where the GPU runs
         // one (the other route the cases time up to B = 128).
-        let cluster = plan_topk_topp_route(&Rows::contiguous(1, vocab), &caps);
+        let cluster = plan_topk_topp_route(&Rows::contiguous(1, vocab), &caps, false);
         // Per distribution: the distinct rows (host) and MAX_BATCH rows
         // tiled from them (device); with a corpus, real rows tiled to V.
         let mut hosts: Vec<(&str, Vec<f32>)> = Vec::with_capacity(DISTS.len() + 1);
@@ -437,7 +437,7 @@ fn main() -> Result<()> {
                     } else {
                         1.5 * mask_floor + 5.0
                     };
-                    let planned = dev.topk_topp_route(shape);
+                    let planned = dev.topk_topp_route(shape, &params);
                     // The other route (see the module docs): up to B = 128,
                     // and at every batch the planner lists.
                     let other = match planned {

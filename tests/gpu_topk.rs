@@ -1000,7 +1000,7 @@ fn topk_cluster_route_matches_the_chunked_passes() {
         });
         check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
         check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
-        let planned = dev.topk_topp_route(Rows::contiguous(1, vocab));
+        let planned = dev.topk_topp_route(Rows::contiguous(1, vocab), &params);
         let mut sizes = vec![1, 2, 3, 16];
         if let TopkToppRoute::Cluster { ctas } = planned {
             sizes.push(ctas);
@@ -1185,7 +1185,7 @@ fn sanitize_topk_paths() {
             });
         }
     }
-    coverage.case(&[match dev.topk_topp_route(rows) {
+    coverage.case(&[match dev.topk_topp_route(rows, &params) {
         TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
     }]);

@@ -19,6 +19,7 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
     LaunchConfig, SyncOnDrop,
 };
+use flashsample_kernels::cover;
 use flashsample_kernels::params::{
     CONVERT_PER_THREAD, CONVERT_THREADS, ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES,
     TOPK_TOPP_FILTER_BLOCKS_PER_SM, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
@@ -46,6 +47,15 @@ pub struct TruncParams {
     /// Temperature (`<= 0` or NaN is greedy: keeps the argmax), and the
     /// Philox seed and offset of the sampling kernel.
     pub row: RowParams,
+    /// Whether some row's `top_k` lies in `cover::LOCAL_MAX_K + 1 ..=
+    /// cover::SHARED_MAX_K` (257 to 4096), the k whose rows the listing
+    /// passes cover by shares ([`plan_topk_topp_route`]). [`upload`] sets
+    /// it; a caller that writes the buffers itself sets it from what it
+    /// wrote (false plans as if every top-k were small or off: the same
+    /// results, another route).
+    ///
+    /// [`upload`]: TruncParams::upload
+    pub large_top_k: bool,
 }
 
 impl TruncParams {
@@ -80,7 +90,11 @@ impl TruncParams {
         if let Some(&m) = min_p.iter().find(|&&m| !(0.0..=1.0).contains(&m)) {
             return Err(param("min_p", m));
         }
+        let large_top_k = top_k
+            .iter()
+            .any(|k| (cover::LOCAL_MAX_K + 1..=cover::SHARED_MAX_K).contains(k));
         Ok(TruncParams {
+            large_top_k,
             top_k: stream.clone_htod(top_k)?,
             top_p: stream.clone_htod(top_p)?,
             min_p: stream.clone_htod(min_p)?,
@@ -156,10 +170,16 @@ pub const LISTED_MIN_BATCH_SHORT: usize = 512;
 
 /// Chunks (of 8192 elements) a row needs to be listed from
 /// [`LISTED_MIN_BATCH`] rows on: V = 65536 and more. Below that batch such
-/// rows list their shares of a larger top-k only
-/// (`TopkToppRoute::Listed { shares_only: true }`): measured on the H200
-/// (session 34, real SmolLM2 rows, V = 128256, B = 32, k = 1000), the
-/// listing passes masked in 68 us against 109 on the plain passes.
+/// rows list only their shares of a larger top-k
+/// (`TopkToppRoute::Listed { shares_only: true }`), when the call has one
+/// ([`TruncParams::large_top_k`]). Measured on the H200 (session 35, k =
+/// 1000, p = 0.9, against the plain passes, B = 1, 8 and 32 at V = 151936
+/// and 262144, B = 32 at 128256): masking real SmolLM2 rows 24 to 39 %
+/// and sampling them 38 to 47 % faster, Gaussian and bf16-quantised rows 7
+/// to 12 % slower at B = 1, 5 to 8 % at B = 8, within 2 % at B = 32,
+/// heavy-tailed rows 1 to 9 % slower. Calls without such a top-k keep the
+/// plain passes: listed without lists, their k = 50 rows took 2 to 12 %
+/// longer.
 pub const LISTED_MIN_CHUNKS: u32 = 8;
 
 /// What the route planner knows of a GPU.
@@ -181,7 +201,8 @@ pub struct TopkToppCaps {
 /// rows of at least [`LISTED_MIN_CHUNKS`] chunks, or of at least
 /// [`LISTED_MIN_BATCH_SHORT`] shorter rows, list chunks
 /// ([`TopkToppRoute::Listed`]); smaller calls of rows of at least
-/// [`LISTED_MIN_CHUNKS`] chunks list shares only.
+/// [`LISTED_MIN_CHUNKS`] chunks list shares only where some row's top-k is
+/// large (`large_top_k`, [`TruncParams::large_top_k`]).
 ///
 /// ```
 /// use flashsample::{Rows, TopkToppCaps, TopkToppRoute, plan_topk_topp_route};
@@ -189,7 +210,7 @@ pub struct TopkToppCaps {
 /// let mut caps = TopkToppCaps { cluster_slots: [0; 17] };
 /// caps.cluster_slots[16] = 16;
 /// caps.cluster_slots[4] = 64;
-/// let route = |b, v| plan_topk_topp_route(&Rows::contiguous(b, v), &caps);
+/// let route = |b, v| plan_topk_topp_route(&Rows::contiguous(b, v), &caps, true);
 /// assert_eq!(route(1, 128_256), TopkToppRoute::Cluster { ctas: 16 });
 /// assert_eq!(route(32, 32_000), TopkToppRoute::Cluster { ctas: 4 });
 /// let shares = TopkToppRoute::Listed { shares_only: true };
@@ -201,8 +222,11 @@ pub struct TopkToppCaps {
 /// assert_eq!(route(128, 128_256), all);
 /// assert_eq!(route(128, 32_000), TopkToppRoute::Chunked);
 /// assert_eq!(route(512, 32_000), all);
+/// // Without a large top-k, the plain passes below 128 rows.
+/// let small_k = plan_topk_topp_route(&Rows::contiguous(32, 128_256), &caps, false);
+/// assert_eq!(small_k, TopkToppRoute::Chunked);
 /// ```
-pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
+pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps, large_top_k: bool) -> TopkToppRoute {
     let chunks = TopkToppLayout::new(1, rows.vocab.min(u32::MAX as usize) as u32).chunks;
     let slots = caps
         .cluster_slots
@@ -214,7 +238,7 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps) -> TopkToppRoute {
         || (rows.batch >= LISTED_MIN_BATCH && chunks >= LISTED_MIN_CHUNKS)
     {
         TopkToppRoute::Listed { shares_only: false }
-    } else if chunks >= LISTED_MIN_CHUNKS {
+    } else if large_top_k && chunks >= LISTED_MIN_CHUNKS {
         TopkToppRoute::Listed { shares_only: true }
     } else {
         TopkToppRoute::Chunked
@@ -621,10 +645,15 @@ fn check_rows_out(what: &'static str, len: usize, batch: usize) -> Result<()> {
 
 /// The route of a call: the workspace's forced one (checked against what
 /// the GPU runs), else the planned one.
-fn route_of(dev: &Device, rows: &Rows, ws: &Workspace) -> Result<TopkToppRoute> {
+fn route_of(
+    dev: &Device,
+    rows: &Rows,
+    params: &TruncParams,
+    ws: &Workspace,
+) -> Result<TopkToppRoute> {
     let caps = dev.topk_topp_caps();
     match ws.topk_topp_forced() {
-        None => Ok(plan_topk_topp_route(rows, &caps)),
+        None => Ok(plan_topk_topp_route(rows, &caps, params.large_top_k)),
         Some(TopkToppRoute::Cluster { ctas })
             if ctas == 0
                 || ctas > MAX_TOPK_TOPP_CLUSTER
@@ -809,10 +838,10 @@ impl Device {
 }
 
 impl Device {
-    /// The route a top-k/top-p call of `rows` takes on this GPU (unless a
-    /// workspace forces another).
-    pub fn topk_topp_route(&self, rows: Rows) -> TopkToppRoute {
-        plan_topk_topp_route(&rows, &self.topk_topp_caps())
+    /// The route a top-k/top-p call of `rows` with `params` takes on this
+    /// GPU (unless a workspace forces another).
+    pub fn topk_topp_route(&self, rows: Rows, params: &TruncParams) -> TopkToppRoute {
+        plan_topk_topp_route(&rows, &self.topk_topp_caps(), params.large_top_k)
     }
 
     /// Truncates `[batch, vocab]` logits (f32, bf16 or f16: [`TruncElem`])
@@ -844,7 +873,7 @@ impl Device {
         rows.validate("logits", logits.len())?;
         params.check(rows.batch)?;
         check_rows_out("kept", kept.len(), rows.batch)?;
-        let route = route_of(self, &rows, ws)?;
+        let route = route_of(self, &rows, params, ws)?;
         let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (user, _g1) = logits.device_ptr_mut(stream);
@@ -944,7 +973,7 @@ impl Device {
                 out.valid.len(),
             ));
         }
-        let route = route_of(self, &rows, ws)?;
+        let route = route_of(self, &rows, params, ws)?;
         let lay = fit_workspace::<T>(stream, &rows, ws)?;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (user, _g1) = logits.device_ptr(stream);
