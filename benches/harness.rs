@@ -287,47 +287,27 @@ pub const REAL_VOCAB: usize = 49_152;
 /// Label of the real distribution in the bench reports.
 pub const REAL_LABEL: &str = "real (SmolLM2 rows tiled to V)";
 
-/// `n` logits rows of the SmolLM2 corpus (`FLASHSAMPLE_CORPUS`, else the
-/// full corpus next to the model), spread evenly over the file (every
-/// prompt and temperature), [`REAL_VOCAB`] wide; none, after a visible
-/// note, when there is no readable corpus.
+/// About `n` logits rows of the SmolLM2 corpus (`corpus::spread_rows`:
+/// `FLASHSAMPLE_CORPUS`, else the full corpus next to the model, every
+/// `count / n`-th row rounded up, so every prompt and temperature),
+/// [`REAL_VOCAB`] wide; none, after a visible note, when there is no
+/// readable corpus.
 pub fn real_rows(n: usize) -> Vec<Vec<f32>> {
-    let path = std::env::var("FLASHSAMPLE_CORPUS")
-        .map(std::path::PathBuf::from)
-        .or_else(|_| corpus::default_path());
-    let rows = match path.as_ref().map(|p| corpus::Reader::open(p)) {
-        Ok(Ok(reader)) => {
-            let step = (corpus::Reader::count(&reader) / n.max(1)).max(1);
-            reader
-                .step_by(step)
-                .take(n)
-                .map(|r| r.map(|r| r.logits))
-                .collect::<std::io::Result<Vec<_>>>()
-                .map_err(|e| e.to_string())
-        }
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.clone()),
-    };
-    match rows {
-        Ok(rows) if !rows.is_empty() => {
-            println!(
-                "logits corpus: {} real rows of {} logits",
-                rows.len(),
-                rows[0].len()
-            );
-            rows
-        }
-        Ok(_) => {
-            println!("empty logits corpus: no real-distribution lines");
-            Vec::new()
-        }
-        Err(e) => {
-            println!(
-                "no logits corpus ({e}; cargo xtask logits-corpus, or FLASHSAMPLE_CORPUS): no real-distribution lines"
-            );
-            Vec::new()
-        }
+    let rows: Vec<Vec<f32>> = corpus::spread_rows("bench", n)
+        .into_iter()
+        .map(|r| r.logits)
+        .collect();
+    match rows.first() {
+        Some(r) => println!(
+            "logits corpus: {} real rows of {} logits",
+            rows.len(),
+            r.len()
+        ),
+        None => println!(
+            "no logits corpus (cargo xtask logits-corpus, or FLASHSAMPLE_CORPUS): no real-distribution lines"
+        ),
     }
+    rows
 }
 
 /// `row` repeated (tiled) to `vocab` entries: the real rows are only
