@@ -92,7 +92,7 @@ impl TruncParams {
         }
         let large_top_k = top_k
             .iter()
-            .any(|k| (cover::LOCAL_MAX_K + 1..=cover::SHARED_MAX_K).contains(k));
+            .any(|&k| cover::is_shared(k) && k <= cover::SHARED_MAX_K);
         Ok(TruncParams {
             large_top_k,
             top_k: stream.clone_htod(top_k)?,
@@ -169,10 +169,10 @@ pub const LISTED_MIN_BATCH: usize = 128;
 pub const LISTED_MIN_BATCH_SHORT: usize = 512;
 
 /// Chunks (of 8192 elements) a row needs to be listed from
-/// [`LISTED_MIN_BATCH`] rows on: V = 65536 and more. Below that batch such
-/// rows list only their shares of a larger top-k
-/// (`TopkToppRoute::Listed { shares_only: true }`), when the call has one
-/// ([`TruncParams::large_top_k`]). Measured on the H200 (session 35, k =
+/// [`LISTED_MIN_BATCH`] rows on: V = 65536 and more. Below that batch rows
+/// of at least `cover::SHARED_MIN_VOCAB` (65536) list only their shares of
+/// a larger top-k (`TopkToppRoute::Listed { shares_only: true }`), when the
+/// call has one ([`TruncParams::large_top_k`]). Measured on the H200 (session 35, k =
 /// 1000, p = 0.9, against the plain passes, B = 1, 8 and 32 at V = 151936
 /// and 262144, B = 32 at 128256): masking real SmolLM2 rows 24 to 39 %
 /// and sampling them 38 to 47 % faster, Gaussian and bf16-quantised rows 7
@@ -201,8 +201,9 @@ pub struct TopkToppCaps {
 /// rows of at least [`LISTED_MIN_CHUNKS`] chunks, or of at least
 /// [`LISTED_MIN_BATCH_SHORT`] shorter rows, list chunks
 /// ([`TopkToppRoute::Listed`]); smaller calls of rows of at least
-/// [`LISTED_MIN_CHUNKS`] chunks list shares only where some row's top-k is
-/// large (`large_top_k`, [`TruncParams::large_top_k`]).
+/// `cover::SHARED_MIN_VOCAB` elements (the vocabularies whose chunks list
+/// shares) list shares only where some row's top-k is large
+/// (`large_top_k`, [`TruncParams::large_top_k`]).
 ///
 /// ```
 /// use flashsample::{Rows, TopkToppCaps, TopkToppRoute, plan_topk_topp_route};
@@ -218,6 +219,8 @@ pub struct TopkToppCaps {
 /// assert_eq!(route(32, 128_256), shares);
 /// assert_eq!(route(1, 151_936), shares);
 /// assert_eq!(route(1, 8192), TopkToppRoute::Chunked);
+/// // Eight chunks, but below the vocabularies whose chunks list shares.
+/// assert_eq!(route(32, 60_000), TopkToppRoute::Chunked);
 /// assert_eq!(route(127, 128_256), shares);
 /// assert_eq!(route(128, 128_256), all);
 /// assert_eq!(route(128, 32_000), TopkToppRoute::Chunked);
@@ -238,7 +241,7 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps, large_top_k: bool)
         || (rows.batch >= LISTED_MIN_BATCH && chunks >= LISTED_MIN_CHUNKS)
     {
         TopkToppRoute::Listed { shares_only: false }
-    } else if large_top_k && chunks >= LISTED_MIN_CHUNKS {
+    } else if large_top_k && rows.vocab >= cover::SHARED_MIN_VOCAB as usize {
         TopkToppRoute::Listed { shares_only: true }
     } else {
         TopkToppRoute::Chunked
