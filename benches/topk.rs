@@ -42,7 +42,10 @@
 //! ones) the plain chunked passes; where it takes the chunked passes, the
 //! listing passes from B = 32 and below that the cluster route of the
 //! row's size, where the GPU runs it; on the cluster route, the chunked
-//! passes.
+//! passes; on the radix route (`TopkToppRoute::Radix`), at every batch,
+//! the route the planner takes without it (`flashsample::
+//! plan_topk_topp_route`). Last, the radix route where the call has one
+//! (`flashsample::plan_topk_topp_radix`) and the planner did not take it.
 //!
 //! Second table, per (V, distribution, k, p): the selection statistics of
 //! the portable driver the kernels run (`flashsample::kernels::pivot::
@@ -74,7 +77,8 @@ use common::Dist;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use flashsample::kernels::pivot::{self, Prefilter, Selection};
 use flashsample::{
-    Device, Result, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace, plan_topk_topp_route,
+    Device, Result, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace,
+    plan_topk_topp_radix, plan_topk_topp_route,
 };
 use harness::{L2_BYTES, time_us};
 use rand::SeedableRng;
@@ -349,7 +353,7 @@ fn main() -> Result<()> {
     .ok();
     writeln!(
         table,
-        "| case | route | floor us | kernel us | graph us | ratio | target us | ok | graph ok | other route | other us |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| case | route | floor us | kernel us | graph us | ratio | target us | ok | graph ok | other route | other us | radix route | radix us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     .ok();
     let mut stats = String::from(
@@ -390,6 +394,7 @@ fn main() -> Result<()> {
         }
     }
     let caps = dev.topk_topp_caps();
+    let radix_caps = dev.radix_caps()?;
     for vocab in VOCABS {
         // The cluster route of a row of this vocabulary, where the GPU runs
         // one (the other route the cases time up to B = 128).
@@ -437,10 +442,14 @@ fn main() -> Result<()> {
                     } else {
                         1.5 * mask_floor + 5.0
                     };
-                    let planned = dev.topk_topp_route(shape, &params);
+                    let planned = dev.topk_topp_route(shape, &params)?;
                     // The other route (see the module docs): up to B = 128,
                     // and at every batch the planner lists.
                     let other = match planned {
+                        // The route the call takes without the radix one.
+                        TopkToppRoute::Radix(_) => {
+                            Some(plan_topk_topp_route(&shape, &caps, params.large_top_k))
+                        }
                         TopkToppRoute::Cluster { .. } | TopkToppRoute::Listed { .. } => {
                             Some(TopkToppRoute::Chunked)
                         }
@@ -453,14 +462,27 @@ fn main() -> Result<()> {
                             Some(cluster).filter(|c| *c != TopkToppRoute::Chunked)
                         }
                     }
-                    .filter(|_| batch <= 128 || matches!(planned, TopkToppRoute::Listed { .. }));
+                    .filter(|_| {
+                        batch <= 128
+                            || matches!(
+                                planned,
+                                TopkToppRoute::Listed { .. } | TopkToppRoute::Radix(_)
+                            )
+                    });
+                    // The radix route where the call has one and the
+                    // planner did not take it.
+                    let radix = plan_topk_topp_radix(&shape, params.top_k_bound, &radix_caps)
+                        .map(TopkToppRoute::Radix)
+                        .filter(|r| *r != planned);
                     // Both calls on the planned route, on the other one,
-                    // and on the planned route replayed from CUDA graphs.
-                    let mut times = [[f64::NAN; 2]; 3];
+                    // on the planned route replayed from CUDA graphs and on
+                    // the radix route.
+                    let mut times = [[f64::NAN; 2]; 4];
                     let runs = [
                         (Some(planned), false),
                         (other, false),
                         (Some(planned), true),
+                        (radix, false),
                     ];
                     for (i, (route, replay)) in runs.into_iter().enumerate() {
                         let Some(route) = route else { continue };
@@ -484,20 +506,27 @@ fn main() -> Result<()> {
                             })?;
                     }
                     ws.force_topk_topp_route(None);
-                    let [[t_mask, t_sample], [o_mask, o_sample], [g_mask, g_sample]] = times;
+                    let [
+                        [t_mask, t_sample],
+                        [o_mask, o_sample],
+                        [g_mask, g_sample],
+                        [r_mask, r_sample],
+                    ] = times;
                     let route_name = |r: TopkToppRoute| match r {
                         TopkToppRoute::Chunked => "chunked".to_string(),
                         TopkToppRoute::Listed { shares_only: false } => "listed".to_string(),
                         TopkToppRoute::Listed { shares_only: true } => "listed shares".to_string(),
                         TopkToppRoute::Cluster { ctas } => format!("cluster {ctas}"),
+                        TopkToppRoute::Radix(route) => format!("radix {route:?}"),
                     };
                     let other_name = other.map_or("-".to_string(), route_name);
+                    let radix_name = radix.map_or("-".to_string(), route_name);
                     let ok = t_mask <= target;
                     failures += usize::from(!ok);
                     let yes = |ok: bool| if ok { "yes" } else { "NO" };
                     writeln!(
                         table,
-                        "| top_k_top_p_mask_logits {case} | {} | {mask_floor:.1} | {t_mask:.1} | {g_mask:.1} | {:.2} | {target:.1} | {} | {} | {other_name} | {o_mask:.1} |",
+                        "| top_k_top_p_mask_logits {case} | {} | {mask_floor:.1} | {t_mask:.1} | {g_mask:.1} | {:.2} | {target:.1} | {} | {} | {other_name} | {o_mask:.1} | {radix_name} | {r_mask:.1} |",
                         route_name(planned),
                         t_mask / mask_floor,
                         yes(ok),
@@ -506,13 +535,13 @@ fn main() -> Result<()> {
                     .ok();
                     writeln!(
                         table,
-                        "| sample_top_k_top_p {case} | {} | {floor:.1} | {t_sample:.1} | {g_sample:.1} | {:.2} | - | - | - | {other_name} | {o_sample:.1} |",
+                        "| sample_top_k_top_p {case} | {} | {floor:.1} | {t_sample:.1} | {g_sample:.1} | {:.2} | - | - | - | {other_name} | {o_sample:.1} | {radix_name} | {r_sample:.1} |",
                         route_name(planned),
                         t_sample / floor
                     )
                     .ok();
                     println!(
-                        "{case}: {} mask {t_mask:.1} us (graph {g_mask:.1}, floor {mask_floor:.1}), sample {t_sample:.1} us (graph {g_sample:.1}, floor {floor:.1}); {other_name} mask {o_mask:.1} sample {o_sample:.1}",
+                        "{case}: {} mask {t_mask:.1} us (graph {g_mask:.1}, floor {mask_floor:.1}), sample {t_sample:.1} us (graph {g_sample:.1}, floor {floor:.1}); {other_name} mask {o_mask:.1} sample {o_sample:.1}; {radix_name} mask {r_mask:.1} sample {r_sample:.1}",
                         route_name(planned)
                     );
                 }

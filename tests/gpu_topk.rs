@@ -14,8 +14,11 @@ use std::sync::Arc;
 use common::{Coverage, DISTS, Dist, Mismatches};
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::kernels::params::TopkToppLayout;
+use flashsample::kernels::radix_select::FILTER_SMALL_MAX_K;
 use flashsample::reference::{self, SamplingParams};
-use flashsample::{Device, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace};
+use flashsample::{
+    Device, MAX_FILTER_CLUSTER, Route, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -197,6 +200,20 @@ impl Batch {
         self.params.extend_from_slice(&other.params);
         self.what.extend_from_slice(&other.what);
         self.rows = Rows::contiguous(self.params.len(), self.rows.vocab);
+        self
+    }
+
+    /// This batch with every row's top-k in `1..=min(1024, V - 1)` (the
+    /// radix route's calls): top-k outside it (off, 0, V - 1 and above
+    /// 1024) replaced by one of 1, 50, 1000 and that largest.
+    fn slab_top_k(mut self, rng: &mut StdRng) -> Batch {
+        let most = 1024.min(self.rows.vocab as u32 - 1);
+        let ks = [1, 50.min(most), 1000.min(most), most];
+        for p in &mut self.params {
+            if p.top_k == 0 || p.top_k > most {
+                p.top_k = ks[rng.random_range(0..ks.len())];
+            }
+        }
         self
     }
 
@@ -1000,7 +1017,9 @@ fn topk_cluster_route_matches_the_chunked_passes() {
         });
         check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
         check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
-        let planned = dev.topk_topp_route(Rows::contiguous(1, vocab), &params);
+        let planned = dev
+            .topk_topp_route(Rows::contiguous(1, vocab), &params)
+            .unwrap();
         let mut sizes = vec![1, 2, 3, 16];
         if let TopkToppRoute::Cluster { ctas } = planned {
             sizes.push(ctas);
@@ -1054,6 +1073,157 @@ fn topk_cluster_route_matches_the_chunked_passes() {
     );
     report.check(err.is_err(), || "a cluster of 17 was accepted".to_string());
     report.assert_none("top-k/top-p cluster route against the chunked passes");
+}
+
+/// The radix route (each row's top-k by radix select into a slab, then
+/// min-p and top-p cut from it) gives the chunked passes' results bit for
+/// bit on every radix route the GPU runs, and equals the reference: random
+/// rows (every distribution, ties at k, greedy rows, +-inf, NaN, invalid
+/// rows), rows crowding the first chunk (the passes select from the row)
+/// and heavy-tailed rows (the passes refine their threshold first), top-k
+/// from 1 to 1024, at V = 111 to 262144. The route refuses calls whose
+/// top-k bound it cannot serve and the cooperative route.
+#[test]
+fn topk_radix_route_matches_the_chunked_passes() {
+    const TEST: &str = "topk_radix_route_matches_the_chunked_passes";
+    let Some((dev, stream)) = common::gpu(TEST) else {
+        return;
+    };
+    let mut rng = common::rng(TEST);
+    let mut ws = Workspace::new(&stream).unwrap();
+    let mut report = Mismatches::default();
+    let caps = dev.radix_caps().unwrap();
+    let mut routes = vec![Route::SingleCta];
+    for ctas in [2, 4, 8, 16] {
+        if caps.cluster_slots[ctas as usize] > 0 {
+            routes.push(Route::Cluster { ctas });
+        }
+    }
+    if caps.filter_ctas_per_sm > 0 {
+        routes.push(Route::Filter);
+    }
+    for ctas in 2..=MAX_FILTER_CLUSTER {
+        if caps.filter_cluster_slots[ctas as usize] > 0 {
+            routes.push(Route::FilterCluster { ctas });
+        }
+    }
+    println!("{TEST}: radix routes {routes:?}");
+    for (vocab, batch) in [
+        (111, 64),
+        (4099, 64),
+        (32_000, 48),
+        (151_936, 40),
+        (262_144, 24),
+    ] {
+        let b = Batch::random(&mut rng, batch, vocab)
+            .then(Batch::crowded(&mut rng, 4, vocab))
+            .then(Batch::heavy(&mut rng, 4, vocab))
+            .slab_top_k(&mut rng);
+        let params = b.upload(&stream);
+        assert!((1..=1024).contains(&params.top_k_bound));
+        ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
+        let (want_masked, want_kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+        let want_renorm = renorm_and_kept_on_gpu(&dev, &stream, &b, &params, 1024, &mut ws);
+        for &route in &routes {
+            ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
+            let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+            report.check(kept == want_kept, || {
+                format!("V={vocab} radix {route:?}: kept counts differ from the chunked passes")
+            });
+            let same = masked
+                .iter()
+                .zip(&want_masked)
+                .all(|(a, c)| a.to_bits() == c.to_bits());
+            report.check(same, || {
+                format!("V={vocab} radix {route:?}: masked logits differ from the chunked passes")
+            });
+            let tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+            report.check(tokens == want_tokens, || {
+                format!("V={vocab} radix {route:?}: tokens differ from the chunked passes")
+            });
+            let (probs, kept_r, kept_s, indices) =
+                renorm_and_kept_on_gpu(&dev, &stream, &b, &params, 1024, &mut ws);
+            let same_probs = probs
+                .iter()
+                .zip(&want_renorm.0)
+                .all(|(a, c)| a.to_bits() == c.to_bits());
+            report.check(same_probs && kept_r == want_renorm.1, || {
+                format!(
+                    "V={vocab} radix {route:?}: renormalised probabilities differ from the chunked passes"
+                )
+            });
+            report.check(kept_s == want_renorm.2 && indices == want_renorm.3, || {
+                format!("V={vocab} radix {route:?}: kept sets differ from the chunked passes")
+            });
+        }
+        // Against the reference (and run to run) on the last route.
+        check_mask_batch(&dev, &stream, &b, &mut ws, &mut report);
+        check_sample_batch(&dev, &stream, &b, &mut ws, &mut report);
+    }
+    // Refused before any launch: a bound the slab cannot hold, no bound,
+    // and the cooperative route (no logits kernel).
+    let b = Batch::random(&mut rng, 2, 4099).slab_top_k(&mut rng);
+    let mut params = b.upload(&stream);
+    for (bound, route) in [
+        (1025, Route::SingleCta),
+        (0, Route::SingleCta),
+        (4099, Route::SingleCta),
+        (50, Route::Cooperative { ctas: 2 }),
+        (50, Route::Pivot),
+    ] {
+        params.top_k_bound = bound;
+        ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
+        let d = stream.clone_htod(&b.logits).unwrap();
+        let mut out = SampleOutput::new(&stream, 2).unwrap();
+        let err = dev.sample_top_k_top_p(&stream, &d.as_view(), b.rows, &params, &mut out, &mut ws);
+        report.check(err.is_err(), || {
+            format!("radix route {route:?} with top-k bound {bound} was accepted")
+        });
+    }
+    // A bound that lies (rows with top-k off or above the slab while it
+    // claims 1000): those rows come out invalid, every other row as on the
+    // chunked passes.
+    let mut b = Batch::random(&mut rng, 16, 4099).slab_top_k(&mut rng);
+    for (r, p) in b.params.iter_mut().enumerate() {
+        p.temperature = 1.0;
+        match r % 4 {
+            0 => p.top_k = 0,
+            1 => p.top_k = 2000,
+            _ => p.top_k = p.top_k.min(1000),
+        }
+    }
+    let mut params = b.upload(&stream);
+    ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
+    let (want_masked, want_kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+    let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+    params.top_k_bound = 1000;
+    ws.force_topk_topp_route(Some(TopkToppRoute::Radix(Route::SingleCta)));
+    let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
+    let tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
+    let vocab = b.rows.vocab;
+    for r in 0..b.rows.batch {
+        let row = &masked[r * vocab..(r + 1) * vocab];
+        let want_row = &want_masked[r * vocab..(r + 1) * vocab];
+        let ok = if r % 4 < 2 {
+            kept[r] == 0 && tokens[r].is_none() && row.iter().all(|&x| x == f32::NEG_INFINITY)
+        } else {
+            kept[r] == want_kept[r]
+                && tokens[r] == want_tokens[r]
+                && row
+                    .iter()
+                    .zip(want_row)
+                    .all(|(a, c)| a.to_bits() == c.to_bits())
+        };
+        report.check(ok, || {
+            format!(
+                "radix route, bound 1000, row {r} top_k {}: kept {} tokens {:?} (chunked: kept {} token {:?})",
+                b.params[r].top_k, kept[r], tokens[r], want_kept[r], want_tokens[r]
+            )
+        });
+    }
+    ws.force_topk_topp_route(None);
+    report.assert_none("top-k/top-p radix route against the chunked passes");
 }
 
 /// Masking and sampling over tiny, small and large vocabularies and a
@@ -1134,8 +1304,8 @@ fn sanitize_topk_paths() {
             if route == TopkToppRoute::Chunked {
                 coverage.case(&MASK);
                 coverage.case(&SAMPLE);
-                // The renormalised probabilities and kept sets (always the
-                // chunked passes).
+                // The renormalised probabilities and kept sets (the
+                // chunked passes but on the radix route, below).
                 check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
                 coverage.case(&RENORM_KEPT);
             } else if matches!(route, TopkToppRoute::Listed { .. }) {
@@ -1146,6 +1316,107 @@ fn sanitize_topk_paths() {
                 coverage.case(&["topk_topp_cluster_sample_f32"]);
             }
         }
+    }
+    // The radix route, its top-k bounded by 1024: one CTA a row, a
+    // cluster of two and the filter routes (where the GPU runs them).
+    let radix = dev.radix_caps().unwrap();
+    let mut radix_routes = vec![(Route::SingleCta, "radix_topk_cluster_logits_f32")];
+    if radix.cluster_slots[2] > 0 {
+        radix_routes.push((Route::Cluster { ctas: 2 }, "radix_topk_cluster_logits_f32"));
+    }
+    if radix.filter_ctas_per_sm > 0 {
+        radix_routes.push((Route::Filter, "radix_topk_filter_logits_f32"));
+    }
+    if radix.filter_cluster_slots[2] > 0 {
+        radix_routes.push((
+            Route::FilterCluster { ctas: 2 },
+            "radix_topk_filter_logits_f32",
+        ));
+    }
+    let mut slab_batches: Vec<Batch> = [(2, 8), (111, 40), (4099, 24), (20_001, 6)]
+        .into_iter()
+        .map(|(vocab, batch)| Batch::random(&mut rng, batch, vocab).slab_top_k(&mut rng))
+        .collect();
+    slab_batches.push(Batch::crowded(&mut rng, 4, 20_001).slab_top_k(&mut rng));
+    slab_batches.push(Batch::heavy(&mut rng, 4, 20_001).slab_top_k(&mut rng));
+    for b in &slab_batches {
+        for &(route, kernel) in &radix_routes {
+            ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
+            check_mask_batch(&dev, &stream, b, &mut ws, &mut report);
+            check_sample_batch(&dev, &stream, b, &mut ws, &mut report);
+            // The small filter kernel where every top-k is small.
+            let small = b.params.iter().all(|p| p.top_k <= FILTER_SMALL_MAX_K);
+            let kernel = if small && kernel == "radix_topk_filter_logits_f32" {
+                "radix_topk_filter_small_logits_f32"
+            } else {
+                kernel
+            };
+            coverage.case(&[kernel, "topk_topp_slab_mask_f32", "topk_topp_apply_f32"]);
+            coverage.case(&[kernel, "topk_topp_slab_sample_f32"]);
+            if route == Route::SingleCta {
+                check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
+                coverage.case(&[
+                    kernel,
+                    "topk_topp_slab_mask_f32",
+                    "topk_topp_renorm_f32",
+                    "topk_topp_kept_count_f32",
+                    "topk_topp_kept_write_f32",
+                ]);
+            }
+        }
+    }
+    // A strided view (rows 5000 apart, 4099 used) and 16-bit logits on the
+    // radix route's filter kernel: it reads the rows in place or the
+    // widened copy.
+    if radix.filter_ctas_per_sm > 0 {
+        ws.force_topk_topp_route(Some(TopkToppRoute::Radix(Route::Filter)));
+        let b = Batch::random(&mut rng, 3, 4099).slab_top_k(&mut rng);
+        let stride = 5000;
+        let mut logits = vec![f32::NAN; 2 * stride + 4099];
+        for r in 0..3 {
+            logits[r * stride..r * stride + 4099].copy_from_slice(b.row(r));
+        }
+        let params = b.upload(&stream);
+        let mut d = stream.clone_htod(&logits).unwrap();
+        let mut kept = stream.alloc_zeros::<u32>(3).unwrap();
+        let rows = Rows {
+            batch: 3,
+            vocab: 4099,
+            row_stride: stride,
+        };
+        dev.top_k_top_p_mask_logits(
+            &stream,
+            &mut d.as_view_mut(),
+            rows,
+            &params,
+            &mut kept,
+            &mut ws,
+        )
+        .unwrap();
+        let masked = stream.clone_dtoh(&d).unwrap();
+        let kept = stream.clone_dtoh(&kept).unwrap();
+        for r in 0..3 {
+            let m = &masked[r * stride..r * stride + 4099];
+            let res = check_masked_row(b.row(r), &b.params[r], m, kept[r]);
+            report.check(res.is_ok(), || {
+                format!("radix route, strided row {r}: {res:?}")
+            });
+            if r < 2 {
+                let gap = &masked[r * stride + 4099..(r + 1) * stride];
+                report.check(gap.iter().all(|x| x.is_nan()), || {
+                    format!("radix route, strided row {r}: the gap after the row was written")
+                });
+            }
+        }
+        let b = Batch::random(&mut rng, 5, 4099).slab_top_k(&mut rng);
+        check_half_batch::<half::bf16>(&dev, &stream, &b, &mut ws, &mut report);
+        let filter = if b.params.iter().all(|p| p.top_k <= FILTER_SMALL_MAX_K) {
+            "radix_topk_filter_small_logits_f32"
+        } else {
+            "radix_topk_filter_logits_f32"
+        };
+        coverage.case(&[filter, "topk_topp_slab_mask_f32", "topk_topp_apply_f32"]);
+        coverage.case(&[filter, "widen_rows_bf16", "narrow_rows_bf16"]);
     }
     ws.force_topk_topp_route(None);
     // A strided view: rows 5000 apart, 4099 used.
@@ -1185,9 +1456,11 @@ fn sanitize_topk_paths() {
             });
         }
     }
-    coverage.case(&[match dev.topk_topp_route(rows, &params) {
+    let strided_route = dev.topk_topp_route(rows, &params).unwrap();
+    coverage.case(&[match strided_route {
         TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
+        TopkToppRoute::Radix(_) => "topk_topp_slab_mask_f32",
     }]);
     // The same strided rows into contiguous probabilities and kept sets.
     let d = stream.clone_htod(&logits).unwrap();
@@ -1237,7 +1510,18 @@ fn sanitize_topk_paths() {
             format!("strided row {r}, renorm and kept set: {res:?}")
         });
     }
-    coverage.case(&RENORM_KEPT);
+    // The renormalised probabilities and kept sets take the radix route
+    // where the planner does, else the chunked passes.
+    if matches!(strided_route, TopkToppRoute::Radix(_)) {
+        coverage.case(&[
+            "topk_topp_slab_mask_f32",
+            "topk_topp_renorm_f32",
+            "topk_topp_kept_count_f32",
+            "topk_topp_kept_write_f32",
+        ]);
+    } else {
+        coverage.case(&RENORM_KEPT);
+    }
     // 16-bit logits: widened into the workspace, masked results narrowed
     // back.
     let b = Batch::random(&mut rng, 5, 4099);

@@ -50,6 +50,8 @@ pub(crate) struct Kernels {
     pub topk_topp_sample_listed_f32: CudaFunction,
     pub topk_topp_cluster_mask_f32: CudaFunction,
     pub topk_topp_cluster_sample_f32: CudaFunction,
+    pub topk_topp_slab_mask_f32: CudaFunction,
+    pub topk_topp_slab_sample_f32: CudaFunction,
 }
 
 /// A multiprocessor's shared memory: what its resident blocks share, and
@@ -187,6 +189,8 @@ impl Device {
             topk_topp_sample_listed_f32: f("topk_topp_sample_listed_f32")?,
             topk_topp_cluster_mask_f32: f("topk_topp_cluster_mask_f32")?,
             topk_topp_cluster_sample_f32: f("topk_topp_cluster_sample_f32")?,
+            topk_topp_slab_mask_f32: f("topk_topp_slab_mask_f32")?,
+            topk_topp_slab_sample_f32: f("topk_topp_slab_sample_f32")?,
         };
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?

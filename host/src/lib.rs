@@ -50,7 +50,8 @@ pub use rows::{DType, LogitElem, RowParams, Rows};
 pub use sampling::{RawSampling, SampleOutput, Workspace};
 pub use topk_topp::{
     Half, LISTED_MIN_BATCH, LISTED_MIN_BATCH_SHORT, LISTED_MIN_CHUNKS, MAX_TOPK_TOPP_CLUSTER,
-    TopkToppCaps, TopkToppRoute, TruncElem, TruncParams, plan_topk_topp_route,
+    TopkToppCaps, TopkToppRoute, TruncElem, TruncParams, plan_topk_topp_radix,
+    plan_topk_topp_route,
 };
 pub use tp::{MAX_SHARDS, TpSampler, VocabSplit, nccl_present};
 pub use unfused::Unfused;

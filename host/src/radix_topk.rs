@@ -522,6 +522,8 @@ struct RadixKernels {
     /// The filter kernel for launches whose every `top_k` is at most
     /// [`FILTER_SMALL_MAX_K`] (the same layout and launch).
     filter_small: Func,
+    /// The kernels of [`RadixInput::Logits`] (no cooperative one).
+    logits: LogitsKernels,
     to_logits: Func,
     caps: RadixCaps,
     /// Cooperative CTAs resident per multiprocessor.
@@ -534,6 +536,25 @@ struct RadixKernels {
     /// Whether the module's filter kernel is the staged one (its shared
     /// memory layout: [`filter_smem_bytes`]).
     filter_staged: bool,
+}
+
+/// The radix kernels over f32 logits, for the pivot sampler's radix route
+/// (stage 1 only): the same launches as their probability forms.
+#[derive(Debug)]
+struct LogitsKernels {
+    cluster: Func,
+    filter: Func,
+    filter_small: Func,
+}
+
+/// What a radix launch reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RadixInput {
+    /// Probabilities (clean values: NaN, negative and infinite as 0).
+    Probs,
+    /// Logits in the total order (NaN as -inf), stage 1 only
+    /// ([`MODE_SLAB`]), on any route but [`Route::Cooperative`].
+    Logits,
 }
 
 /// Whether the PTX module `arch` (`"sm_80"`, `"sm_90a"`, ..) runs the
@@ -613,29 +634,40 @@ impl RadixKernels {
             Ok(Func(f))
         };
         let cluster = get("radix_topk_cluster_f32")?;
+        let logits = LogitsKernels {
+            cluster: get("radix_topk_cluster_logits_f32")?,
+            filter: get("radix_topk_filter_logits_f32")?,
+            filter_small: get("radix_topk_filter_small_logits_f32")?,
+        };
         let clusters = dev.arch().starts_with("sm_9")
             && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
         if clusters {
-            // SAFETY: a valid function; 1 allows clusters above the portable
-            // size of 8 where the GPU schedules them (the occupancy query
-            // below says which).
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    cluster.0,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                    1,
-                )
-                .result()?
-            };
+            for f in [cluster, logits.cluster] {
+                // SAFETY: a valid function; 1 allows clusters above the
+                // portable size of 8 where the GPU schedules them (the
+                // occupancy query below says which).
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f.0,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                    .result()?
+                };
+            }
         }
         let coop = get("radix_topk_coop_f32")?;
         let filter = get("radix_topk_filter_f32")?;
         let filter_small = get("radix_topk_filter_small_f32")?;
         let to_logits = get("radix_probs_to_logits_f32")?;
+        // Every figure below holds for both inputs' kernels (the smaller).
+        let both = |smem: u32| -> Result<u32> {
+            Ok(occupancy(cluster, smem)?.min(occupancy(logits.cluster, smem)?))
+        };
         // Registers decide how many CTAs fit; they share the shared memory.
-        let by_regs = occupancy(cluster, RADIX_FIXED_SMEM)?.max(1);
+        let by_regs = both(RADIX_FIXED_SMEM)?.max(1);
         let smem_budget = (per_sm / by_regs).saturating_sub(1024).min(optin) & !15;
-        let ctas_per_sm = occupancy(cluster, smem_budget)?.max(1);
+        let ctas_per_sm = both(smem_budget)?.max(1);
         let coop_per_sm = occupancy(coop, smem_budget)?;
         let cache_elems = (smem_budget.saturating_sub(RADIX_FIXED_SMEM) / 4) & !3;
         // The filter's buffer: as large as one CTA's shared memory allows
@@ -644,7 +676,11 @@ impl RadixKernels {
         let fit = filter_cap_for(optin, filter_staged);
         let filter_per_sm = if fit > 0 {
             let smem = filter_smem_bytes(fit, filter_staged);
-            occupancy(filter, smem)?.min(occupancy(filter_small, smem)?)
+            let mut n = u32::MAX;
+            for f in [filter, filter_small, logits.filter, logits.filter_small] {
+                n = n.min(occupancy(f, smem)?);
+            }
+            n
         } else {
             0
         };
@@ -652,8 +688,10 @@ impl RadixKernels {
         let mut cluster_slots = [0; MAX_CLUSTER as usize + 1];
         if clusters {
             for (c, n) in cluster_slots.iter_mut().enumerate().skip(1) {
-                *n = max_active_clusters(ctx, cluster.0, c as u32, RADIX_THREADS, smem_budget)
-                    .unwrap_or(0);
+                let at_once = |f: Func| {
+                    max_active_clusters(ctx, f.0, c as u32, RADIX_THREADS, smem_budget).unwrap_or(0)
+                };
+                *n = at_once(cluster).min(at_once(logits.cluster));
             }
         }
         let max_cluster = (1..=MAX_CLUSTER)
@@ -670,7 +708,11 @@ impl RadixKernels {
                     let at_once = |f: Func| {
                         max_active_clusters(ctx, f.0, c as u32, RADIX_THREADS, smem).unwrap_or(0)
                     };
-                    *n = at_once(filter).min(at_once(filter_small));
+                    *n = [filter, filter_small, logits.filter, logits.filter_small]
+                        .into_iter()
+                        .map(at_once)
+                        .min()
+                        .unwrap_or(0);
                 }
             }
         }
@@ -679,6 +721,7 @@ impl RadixKernels {
             coop,
             filter,
             filter_small,
+            logits,
             to_logits,
             caps: RadixCaps {
                 sm_count: dev.sm_count(),
@@ -949,7 +992,7 @@ impl Device {
         )
     }
 
-    /// A radix launch of `route` writing `target`.
+    /// A radix launch of `route` over probabilities writing `target`.
     #[allow(clippy::too_many_arguments)]
     fn radix(
         &self,
@@ -964,87 +1007,14 @@ impl Device {
         self.check_stream(stream)?;
         rows.validate("probs", probs.len())?;
         params.check(rows.batch)?;
-        if params.max_k() > SLAB {
-            return Err(param("top_k", params.max_k()));
-        }
-        let k = radix_kernels(self)?;
-        let caps = k.caps;
-        let batch = rows.batch;
-        let filter_func = if params.max_k() <= FILTER_SMALL_MAX_K {
-            k.filter_small
-        } else {
-            k.filter
-        };
-        let (ctas, kind, func) = match route {
-            Route::Cluster { ctas } if (1..=caps.max_cluster).contains(&ctas) => {
-                (ctas, LaunchKind::Cluster(ctas), k.cluster)
-            }
-            Route::Cooperative { ctas } if ctas >= 1 && ctas <= caps.sm_count * k.coop_per_sm => {
-                (ctas, LaunchKind::Cooperative, k.coop)
-            }
-            // An explicit cluster of one where the GPU has clusters (the
-            // kernel then uses the cluster instructions on itself).
-            Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), k.cluster),
-            Route::SingleCta => (1, LaunchKind::Plain, k.cluster),
-            Route::Filter if k.filter_cap > 0 => (1, LaunchKind::Plain, filter_func),
-            Route::FilterCluster { ctas }
-                if caps
-                    .filter_cluster_slots
-                    .get(ctas as usize)
-                    .is_some_and(|&n| n > 0) =>
-            {
-                (ctas, LaunchKind::Cluster(ctas), filter_func)
-            }
-            _ => return Err(param("route", route)),
-        };
-        let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
-        let filter = matches!(route, Route::Filter | Route::FilterCluster { .. });
-        let (cache_slots, smem) = if filter {
-            // The filter's `cache_slots` is its candidate buffer in keys.
-            (
-                k.filter_cap,
-                filter_smem_bytes(k.filter_cap, k.filter_staged),
-            )
-        } else {
-            let slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
-            let smem = radix_smem_bytes(slots);
-            if smem > k.smem_budget {
-                return Err(param("shared memory", smem));
-            }
-            (slots, smem)
-        };
-        let slots = match kind {
-            LaunchKind::Cooperative => {
-                let resident = (caps.sm_count * k.coop_per_sm / ctas) as usize;
-                batch.min(resident)
-            }
-            // The filter's CTAs (clusters) loop over the rows: as many as
-            // the GPU holds at once.
-            _ if route == Route::Filter => {
-                let resident = caps.sm_count.max(1) as usize * caps.filter_ctas_per_sm as usize;
-                batch.min(resident).min(MAX_GRID_Y)
-            }
-            _ if filter => {
-                let resident = caps.filter_cluster_slots[ctas as usize] as usize;
-                batch.min(resident).min(MAX_GRID_Y)
-            }
-            _ => batch.min(MAX_GRID_Y),
-        };
         let mode = match target {
             Target::Slab(_) => MODE_SLAB,
             Target::Sample(_) => MODE_SAMPLE,
         };
-        let mut args = RadixArgs {
-            batch: batch as u32,
-            vocab: rows.vocab as u32,
-            row_stride: rows.row_stride as u64,
-            chunk: chunk as u32,
-            cache_slots,
-            mode,
-            reserved: 0,
-        };
-        if matches!(kind, LaunchKind::Cooperative) {
-            ws.fit_coop(stream, slots, ctas as usize)?;
+        let plan =
+            radix_kernels(self)?.plan(route, RadixInput::Probs, &rows, params.max_k(), mode)?;
+        if matches!(plan.kind, LaunchKind::Cooperative) {
+            ws.fit_coop(stream, plan.slots, plan.ctas as usize)?;
         }
         let t = &params.trunc;
         let (probs_p, _g1) = probs.device_ptr(stream);
@@ -1084,50 +1054,239 @@ impl Device {
         let (ws_gather, _g7) = ws.gather.device_ptr_mut(stream);
         let (ws_counts, _g8) = ws.counts.device_ptr_mut(stream);
         let (ws_barriers, _g9) = ws.barriers.device_ptr_mut(stream);
-        // The cluster kernel does not touch the workspace.
-        let mut ws_ptrs = match kind {
+        // The cluster and filter kernels do not touch the workspace.
+        let coop = match plan.kind {
             LaunchKind::Cooperative => [ws_hist, ws_gather, ws_counts, ws_barriers],
             _ => [0; 4],
         };
-        let mut list: Vec<*mut c_void> = [
-            &mut p.probs,
-            &mut p.top_k,
-            &mut p.top_p,
-            &mut p.seed,
-            &mut p.offset,
-            &mut p.slab_values,
-            &mut p.slab_indices,
-            &mut p.slab_counts,
-            &mut p.tokens,
-            &mut p.valid,
-        ]
-        .into_iter()
-        .map(|x| x as *mut CUdeviceptr as *mut c_void)
-        .collect();
-        list.extend(
-            ws_ptrs
-                .iter_mut()
-                .map(|x| x as *mut CUdeviceptr as *mut c_void),
-        );
-        list.push(&mut args as *mut RadixArgs as *mut c_void);
-        // SAFETY: the parameters of `radix_topk_cluster_f32`,
-        // `radix_topk_coop_f32`, `radix_topk_filter_f32` and
-        // `radix_topk_filter_small_f32` (one signature; the small one only
-        // for `top_k` at most FILTER_SMALL_MAX_K, checked above)
-        // in order; `probs` holds the validated rows, the parameter buffers
+        // SAFETY: `probs` holds the validated rows, the parameter buffers
         // at least `batch` rows (checked), the outputs the mode writes
         // `batch` rows (checked; the others are 0 and unread), the
         // cooperative workspace `slots` rows of `ctas` CTAs with zeroed
-        // counts (the cluster and filter kernels get 0 and never read it);
-        // the grid has `ctas * chunk >= vocab`, blocks of RADIX_THREADS, the
-        // shared memory of `cache_slots` (within the function's limit; for
-        // the filter a buffer of `filter_cap` keys, at least FILTER_MIN_CAP,
-        // in the layout of the module's kernel (`filter_staged`), whose
-        // shared memory the occupancy query accepted), a cluster of
-        // `ctas` only where the GPU has them (checked against
-        // `max_cluster`), and the cooperative grid fits the GPU (checked
-        // against its occupancy).
-        unsafe { launch(stream, func, (ctas, slots as u32), smem, kind, &mut list) }
+        // counts (grown above), all live buffers of this stream's context.
+        unsafe { launch_radix(stream, &plan, p, coop) }
+    }
+}
+
+/// The top-k slab of `[batch, vocab]` f32 logits at `logits` (rows
+/// `rows.row_stride` apart; NaN counts as -inf and comes back as -inf) by
+/// the radix `route` ([`RadixInput::Logits`]: not the cooperative one),
+/// for rows with `top_k` at most `max_k` (at most [`SLAB`]): the pivot
+/// sampler's radix route ([`crate::TopkToppRoute::Radix`]).
+///
+/// # Safety
+/// `logits` holds the validated rows; `top_k` holds `rows.batch` elements;
+/// `values` and `indices` hold `rows.batch * SLAB` elements and `counts`
+/// `rows.batch`; all live buffers of `stream`'s context, not written by
+/// other work meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn logits_to_slab(
+    dev: &Device,
+    stream: &CudaStream,
+    route: Route,
+    logits: CUdeviceptr,
+    rows: &Rows,
+    top_k: CUdeviceptr,
+    max_k: u32,
+    [values, indices, counts]: [CUdeviceptr; 3],
+) -> Result<()> {
+    let plan = radix_kernels(dev)?.plan(route, RadixInput::Logits, rows, max_k, MODE_SLAB)?;
+    let p = RadixPtrs {
+        probs: logits,
+        top_k,
+        top_p: 0,
+        seed: 0,
+        offset: 0,
+        slab_values: values,
+        slab_indices: indices,
+        slab_counts: counts,
+        tokens: 0,
+        valid: 0,
+    };
+    // SAFETY: the caller's contract; the plan is never cooperative for
+    // logits (no workspace).
+    unsafe { launch_radix(stream, &plan, p, [0; 4]) }
+}
+
+/// A radix launch but its pointers: kernel, launch kind, CTAs per row,
+/// rows in flight, shared memory and arguments.
+struct RadixPlan {
+    func: Func,
+    kind: LaunchKind,
+    ctas: u32,
+    slots: usize,
+    smem: u32,
+    args: RadixArgs,
+}
+
+impl RadixKernels {
+    /// The launch of `route` over `input` for `rows` whose `top_k` are at
+    /// most `max_k`, writing `mode`; rejects `max_k > SLAB`, the pivot
+    /// route, routes the GPU cannot run, and the cooperative route for
+    /// logits.
+    fn plan(
+        &self,
+        route: Route,
+        input: RadixInput,
+        rows: &Rows,
+        max_k: u32,
+        mode: u32,
+    ) -> Result<RadixPlan> {
+        if max_k > SLAB {
+            return Err(param("top_k", max_k));
+        }
+        let caps = self.caps;
+        let batch = rows.batch;
+        let (cluster, filter, filter_small) = match input {
+            RadixInput::Probs => (self.cluster, self.filter, self.filter_small),
+            RadixInput::Logits => (
+                self.logits.cluster,
+                self.logits.filter,
+                self.logits.filter_small,
+            ),
+        };
+        let filter_func = if max_k <= FILTER_SMALL_MAX_K {
+            filter_small
+        } else {
+            filter
+        };
+        let (ctas, kind, func) = match route {
+            Route::Cluster { ctas } if (1..=caps.max_cluster).contains(&ctas) => {
+                (ctas, LaunchKind::Cluster(ctas), cluster)
+            }
+            Route::Cooperative { ctas }
+                if input == RadixInput::Probs
+                    && ctas >= 1
+                    && ctas <= caps.sm_count * self.coop_per_sm =>
+            {
+                (ctas, LaunchKind::Cooperative, self.coop)
+            }
+            // An explicit cluster of one where the GPU has clusters (the
+            // kernel then uses the cluster instructions on itself).
+            Route::SingleCta if caps.max_cluster >= 1 => (1, LaunchKind::Cluster(1), cluster),
+            Route::SingleCta => (1, LaunchKind::Plain, cluster),
+            Route::Filter if self.filter_cap > 0 => (1, LaunchKind::Plain, filter_func),
+            Route::FilterCluster { ctas }
+                if caps
+                    .filter_cluster_slots
+                    .get(ctas as usize)
+                    .is_some_and(|&n| n > 0) =>
+            {
+                (ctas, LaunchKind::Cluster(ctas), filter_func)
+            }
+            _ => return Err(param("route", route)),
+        };
+        let chunk = rows.vocab.div_ceil(ctas as usize).div_ceil(4) * 4;
+        let filter = matches!(route, Route::Filter | Route::FilterCluster { .. });
+        let (cache_slots, smem) = if filter {
+            // The filter's `cache_slots` is its candidate buffer in keys.
+            (
+                self.filter_cap,
+                filter_smem_bytes(self.filter_cap, self.filter_staged),
+            )
+        } else {
+            let slots = (chunk + 4).min(caps.cache_elems as usize) as u32 & !3;
+            let smem = radix_smem_bytes(slots);
+            if smem > self.smem_budget {
+                return Err(param("shared memory", smem));
+            }
+            (slots, smem)
+        };
+        let slots = match kind {
+            LaunchKind::Cooperative => {
+                let resident = (caps.sm_count * self.coop_per_sm / ctas) as usize;
+                batch.min(resident)
+            }
+            // The filter's CTAs (clusters) loop over the rows: as many as
+            // the GPU holds at once.
+            _ if route == Route::Filter => {
+                let resident = caps.sm_count.max(1) as usize * caps.filter_ctas_per_sm as usize;
+                batch.min(resident).min(MAX_GRID_Y)
+            }
+            _ if filter => {
+                let resident = caps.filter_cluster_slots[ctas as usize] as usize;
+                batch.min(resident).min(MAX_GRID_Y)
+            }
+            _ => batch.min(MAX_GRID_Y),
+        };
+        Ok(RadixPlan {
+            func,
+            kind,
+            ctas,
+            slots,
+            smem,
+            args: RadixArgs {
+                batch: batch as u32,
+                vocab: rows.vocab as u32,
+                row_stride: rows.row_stride as u64,
+                chunk: chunk as u32,
+                cache_slots,
+                mode,
+                reserved: 0,
+            },
+        })
+    }
+}
+
+/// Launches a radix plan with its pointers `p` and the cooperative
+/// workspace `coop` (histograms, gather buffers, counts, barrier words; 0
+/// for the other routes, which never read it).
+///
+/// # Safety
+/// `p.probs` holds the plan's rows (`args.batch` rows `args.row_stride`
+/// apart, `args.vocab` readable each) in the plan's input; `p.top_k`
+/// holds `batch` elements of at most the plan's `max_k`, and the pointers
+/// the plan's mode reads or writes (`top_p`, `seed`, `offset`, `tokens`,
+/// `valid` for [`MODE_SAMPLE`]; the slab's for [`MODE_SLAB`]) `batch` rows;
+/// a cooperative plan's workspace holds `slots` rows of `ctas` CTAs with
+/// zeroed counts ([`RadixWorkspace::fit_coop`]); all live buffers of
+/// `stream`'s context that no other work writes meanwhile.
+unsafe fn launch_radix(
+    stream: &CudaStream,
+    plan: &RadixPlan,
+    mut p: RadixPtrs,
+    mut coop: [CUdeviceptr; 4],
+) -> Result<()> {
+    let mut args = plan.args;
+    let mut list: Vec<*mut c_void> = [
+        &mut p.probs,
+        &mut p.top_k,
+        &mut p.top_p,
+        &mut p.seed,
+        &mut p.offset,
+        &mut p.slab_values,
+        &mut p.slab_indices,
+        &mut p.slab_counts,
+        &mut p.tokens,
+        &mut p.valid,
+    ]
+    .into_iter()
+    .map(|x| x as *mut CUdeviceptr as *mut c_void)
+    .collect();
+    list.extend(
+        coop.iter_mut()
+            .map(|x| x as *mut CUdeviceptr as *mut c_void),
+    );
+    list.push(&mut args as *mut RadixArgs as *mut c_void);
+    // SAFETY: the parameters of every radix kernel (one signature; the
+    // small filter kernels only for `top_k` at most FILTER_SMALL_MAX_K,
+    // which the plan checked) in order, their buffers the caller's; the
+    // plan's grid has `ctas * chunk >= vocab`, blocks of RADIX_THREADS, the
+    // shared memory of `cache_slots` (within the function's limit; for the
+    // filter a buffer of `filter_cap` keys, at least FILTER_MIN_CAP, in the
+    // layout of the module's kernel (`filter_staged`), whose shared memory
+    // the occupancy query accepted), a cluster of `ctas` only where the GPU
+    // has them (checked against `max_cluster`), and a cooperative grid
+    // that fits the GPU (checked against its occupancy).
+    unsafe {
+        launch(
+            stream,
+            plan.func,
+            (plan.ctas, plan.slots as u32),
+            plan.smem,
+            plan.kind,
+            &mut list,
+        )
     }
 }
 

@@ -24,9 +24,11 @@ use flashsample_kernels::params::{
     CONVERT_PER_THREAD, CONVERT_THREADS, ROW_THREADS, TOPK_TOPP_CHUNK_SMEM_BYTES,
     TOPK_TOPP_FILTER_BLOCKS_PER_SM, TOPK_TOPP_SMEM_BYTES, TopkToppLayout,
 };
+use flashsample_kernels::radix_select::SLAB;
 
 use crate::device::{Device, kernel_arg, max_active_clusters};
 use crate::error::{Result, param, shape};
+use crate::radix_topk::{self, RadixCaps, Route};
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
 
@@ -56,6 +58,18 @@ pub struct TruncParams {
     ///
     /// [`upload`]: TruncParams::upload
     pub large_top_k: bool,
+    /// A bound on every row's `top_k`: each lies in `1..=top_k_bound`, or
+    /// 0 when nothing is known (some row's top-k off or unknown). With a
+    /// bound of at most [`SLAB`] (1024) below the vocabulary, calls may take
+    /// the radix route ([`TopkToppRoute::Radix`]), which finds the top-k by
+    /// radix select: [`upload`] sets it; a caller that writes the buffers
+    /// itself (a CUDA graph replayed with new parameters included) keeps it
+    /// true of what it writes or sets 0. A row the radix route cannot serve
+    /// (its top-k off or above 1024) comes out invalid (`valid = 0`, or
+    /// `kept = 0` and every logit -inf), never truncated wrongly.
+    ///
+    /// [`upload`]: TruncParams::upload
+    pub top_k_bound: u32,
 }
 
 impl TruncParams {
@@ -93,8 +107,14 @@ impl TruncParams {
         let large_top_k = top_k
             .iter()
             .any(|&k| cover::is_shared(k) && k <= cover::SHARED_MAX_K);
+        let top_k_bound = if top_k.contains(&0) {
+            0
+        } else {
+            top_k.iter().copied().max().unwrap_or(0)
+        };
         Ok(TruncParams {
             large_top_k,
+            top_k_bound,
             top_k: stream.clone_htod(top_k)?,
             top_p: stream.clone_htod(top_p)?,
             min_p: stream.clone_htod(min_p)?,
@@ -144,6 +164,15 @@ pub enum TopkToppRoute {
     ///
     /// [`Chunked`]: TopkToppRoute::Chunked
     Listed { shares_only: bool },
+    /// The rows' top-k by the radix select of `route` (a slab of at most
+    /// [`SLAB`] entries per row in the workspace: the probability
+    /// sampler's stage 1 over the logits, [`crate::Route`]), then one block
+    /// per row cuts min-p and top-p from it and draws (sampling) or writes
+    /// the cut (masking, then the chunked masking writes): calls whose
+    /// [`TruncParams::top_k_bound`] is at most [`SLAB`] and below the
+    /// vocabulary, on any radix route but [`Route::Cooperative`] and
+    /// [`Route::Pivot`]. The same results as the other routes, bit for bit.
+    Radix(Route),
 }
 
 /// Smallest batch the planner lists chunks for
@@ -248,6 +277,43 @@ pub fn plan_topk_topp_route(rows: &Rows, caps: &TopkToppCaps, large_top_k: bool)
     }
 }
 
+/// The radix route of a call of `rows` whose every row's top-k lies in
+/// `1..=top_k_bound` ([`TruncParams::top_k_bound`]) on a GPU whose radix
+/// planner knows `caps`: the radix planner's route for that top-k
+/// ([`radix_topk::plan_route`]) when the bound is at most [`SLAB`] and
+/// below the vocabulary and that route has logits kernels (not
+/// [`Route::Cooperative`] nor [`Route::Pivot`]); else `None`, and the
+/// call takes [`plan_topk_topp_route`]'s route.
+///
+/// ```
+/// use flashsample::{RadixCaps, Route, Rows, plan_topk_topp_radix};
+///
+/// let h200 = RadixCaps {
+///     sm_count: 132,
+///     max_cluster: 8,
+///     ctas_per_sm: 1,
+///     cache_elems: 48_764,
+///     cluster_slots: [0, 132, 66, 44, 33, 26, 22, 18, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+///     filter_ctas_per_sm: 1,
+///     filter_cluster_slots: [0; 5],
+/// };
+/// let radix = |b, k| plan_topk_topp_radix(&Rows::contiguous(b, 128_256), k, &h200);
+/// assert_eq!(radix(128, 50), Some(Route::Filter));
+/// assert_eq!(radix(128, 1000), Some(Route::Filter));
+/// // No bound (some row's top-k off), or one the slab cannot hold.
+/// assert_eq!(radix(128, 0), None);
+/// assert_eq!(radix(128, 2000), None);
+/// ```
+pub fn plan_topk_topp_radix(rows: &Rows, top_k_bound: u32, caps: &RadixCaps) -> Option<Route> {
+    if top_k_bound == 0 || top_k_bound > SLAB || top_k_bound as usize >= rows.vocab {
+        return None;
+    }
+    match radix_topk::plan_route(rows, top_k_bound, caps) {
+        Route::Cooperative { .. } | Route::Pivot => None,
+        route => Some(route),
+    }
+}
+
 /// One block of [`ROW_THREADS`] per row (the selection kernels).
 fn row_per_block(rows: &Rows) -> LaunchConfig {
     LaunchConfig {
@@ -337,22 +403,38 @@ fn wide_copy(lay: &TopkToppLayout, rows: &Rows) -> (usize, Rows) {
     (lay.words.next_multiple_of(2), rows)
 }
 
-/// The workspace layout of a call on `T` logits, with the workspace grown
-/// to hold it (and the widened copy of 16-bit logits).
+/// The workspace layout of a call on `T` logits by `route`, with the
+/// workspace grown to hold it (and the widened copy of 16-bit logits, and
+/// the radix route's slab): the layout and the slab's first word (after
+/// the rest; [`slab_ptrs`]).
 fn fit_workspace<T: TruncElem>(
     stream: &Arc<CudaStream>,
     rows: &Rows,
     ws: &mut Workspace,
-) -> Result<TopkToppLayout> {
+    route: TopkToppRoute,
+) -> Result<(TopkToppLayout, usize)> {
     let lay = TopkToppLayout::new(rows.batch as u32, rows.vocab as u32);
-    let words = if T::HALF.is_some() {
+    let mut words = if T::HALF.is_some() {
         let (at, wide) = wide_copy(&lay, rows);
         at + wide.min_len().div_ceil(2)
     } else {
         lay.words
     };
+    let slab_at = words;
+    if matches!(route, TopkToppRoute::Radix(_)) {
+        // Values and indices, one word a pair, then the counts.
+        words = slab_at + rows.batch * SLAB as usize + rows.batch.div_ceil(2);
+    }
     ws.reserve(stream, words, 0)?;
-    Ok(lay)
+    Ok((lay, slab_at))
+}
+
+/// The radix route's slab in the workspace `ws` from word `at`: `batch *
+/// SLAB` values (f32), as many indices (u32), then `batch` counts (u32).
+fn slab_ptrs(ws: u64, at: usize, batch: usize) -> [u64; 3] {
+    let n = batch as u64 * u64::from(SLAB);
+    let values = ws + 8 * at as u64;
+    [values, values + 4 * n, values + 8 * n]
 }
 
 /// Launches a row copy (`widen_rows_*`, `narrow_rows_*`) of `rows.batch`
@@ -638,6 +720,119 @@ unsafe fn launch_selection(
     unsafe { dev.launch_pass(stream, func, row_per_block(rows), true, &mut args) }
 }
 
+/// What the radix route's second kernel does after the slab: the cut of
+/// each row into the workspace and its kept count, with the kept mass when
+/// `with_mass` (the chunked masking, renormalising or kept-set writes
+/// follow), or the draw.
+enum RadixTail {
+    Mask {
+        kept: u64,
+        with_mass: bool,
+    },
+    Sample {
+        seed: u64,
+        offset: u64,
+        tokens: u64,
+        valid: u64,
+    },
+}
+
+/// The radix route ([`TopkToppRoute::Radix`]): the rows' top-k slab by
+/// the radix select of `route` into the workspace, then a block per row
+/// cutting min-p and top-p from it (`topk_topp_slab_mask_f32` or
+/// `topk_topp_slab_sample_f32`, by `tail`).
+///
+/// # Safety
+/// `logits` holds the call's validated f32 `rows`; the parameters and the
+/// pointers of `tail` at least `batch` elements; `ws` (the workspace, the
+/// slab's first word) the layout's words and the slab ([`fit_workspace`]);
+/// all live buffers of `stream`'s context.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_radix_route(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    route: Route,
+    logits: u64,
+    rows: &Rows,
+    params: &TruncParams,
+    (ws, slab_at): (u64, usize),
+    tail: RadixTail,
+) -> Result<()> {
+    let bound = params.top_k_bound;
+    if bound == 0 || bound > SLAB || bound as usize >= rows.vocab {
+        return Err(param("top_k_bound for the radix route", bound));
+    }
+    let (p, _g) = param_ptrs(stream, params);
+    let [values, indices, counts] = slab_ptrs(ws, slab_at, rows.batch);
+    // SAFETY: the caller's contract; every row's top_k is at most `bound`
+    // (the parameters' contract), the slab `batch` rows.
+    unsafe {
+        radix_topk::logits_to_slab(
+            dev,
+            stream,
+            route,
+            logits,
+            rows,
+            p.top_k,
+            bound,
+            [values, indices, counts],
+        )
+    }?;
+    let vocab = rows.vocab as u32;
+    let batch = rows.batch as u32;
+    let k = dev.kernels();
+    let with_mass = u32::from(matches!(
+        tail,
+        RadixTail::Mask {
+            with_mass: true,
+            ..
+        }
+    ));
+    let mut args = vec![
+        kernel_arg(&values),
+        kernel_arg(&indices),
+        kernel_arg(&counts),
+        kernel_arg(&p.top_k),
+        kernel_arg(&p.top_p),
+        kernel_arg(&p.min_p),
+        kernel_arg(&p.temperature),
+    ];
+    let func = match &tail {
+        RadixTail::Mask { kept, .. } => {
+            args.extend([
+                kernel_arg(kept),
+                kernel_arg(&vocab),
+                kernel_arg(&batch),
+                kernel_arg(&ws),
+                kernel_arg(&with_mass),
+            ]);
+            &k.topk_topp_slab_mask_f32
+        }
+        RadixTail::Sample {
+            seed,
+            offset,
+            tokens,
+            valid,
+        } => {
+            args.extend([
+                kernel_arg(seed),
+                kernel_arg(offset),
+                kernel_arg(tokens),
+                kernel_arg(valid),
+                kernel_arg(&vocab),
+                kernel_arg(&batch),
+            ]);
+            &k.topk_topp_slab_sample_f32
+        }
+    };
+    // SAFETY: the argument lists match `topk_topp_slab_mask_f32`'s and
+    // `topk_topp_slab_sample_f32`'s signatures; the slab written by the
+    // radix launch just before on this stream (the kernel waits for it:
+    // `pass_start`), the rest as the caller's contract; one block of
+    // ROW_THREADS per row with the shared memory the kernels ask for.
+    unsafe { dev.launch_pass(stream, func, row_per_block(rows), true, &mut args) }
+}
+
 /// Checks a per-row output of at least `batch` elements.
 fn check_rows_out(what: &'static str, len: usize, batch: usize) -> Result<()> {
     if len < batch {
@@ -656,7 +851,7 @@ fn route_of(
 ) -> Result<TopkToppRoute> {
     let caps = dev.topk_topp_caps();
     match ws.topk_topp_forced() {
-        None => Ok(plan_topk_topp_route(rows, &caps, params.large_top_k)),
+        None => dev.topk_topp_route(*rows, params),
         Some(TopkToppRoute::Cluster { ctas })
             if ctas == 0
                 || ctas > MAX_TOPK_TOPP_CLUSTER
@@ -796,13 +991,48 @@ impl Device {
         rows.validate("logits", logits.len())?;
         params.check(rows.batch)?;
         check_rows_out("kept", kept.len(), rows.batch)?;
-        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        // The renormalised probabilities and the kept sets take the radix
+        // route where the planner does, else the chunked passes without
+        // lists.
+        let route = match route_of(self, &rows, params, ws)? {
+            radix @ TopkToppRoute::Radix(_) => radix,
+            _ => TopkToppRoute::Chunked,
+        };
+        let (lay, slab_at) = fit_workspace::<T>(stream, &rows, ws, route)?;
         let (w, g0) = ws.partial_mut().device_ptr_mut(stream);
         let (user, g1) = logits.device_ptr(stream);
         let (kp, g2) = kept.device_ptr_mut(stream);
         let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
-        // The renormalised probabilities and the kept sets keep the
-        // chunked passes without lists.
+        if let TopkToppRoute::Radix(radix) = route {
+            // SAFETY: the f32 rows at `l` hold `rows.min_len()` elements
+            // (the caller's, validated, or the workspace copy), `kept` and
+            // the parameters at least `batch` elements (checked), the
+            // workspace the layout's words and the slab from `slab_at`
+            // (grown above), all live cudarc buffers of this stream's
+            // context.
+            unsafe {
+                launch_radix_route(
+                    self,
+                    stream,
+                    radix,
+                    l,
+                    &rows,
+                    params,
+                    (w, slab_at),
+                    RadixTail::Mask {
+                        kept: kp,
+                        with_mass,
+                    },
+                )
+            }?;
+            return Ok(Selected {
+                l,
+                rows,
+                lay,
+                w,
+                _guards: [g0, g1, g2],
+            });
+        }
         launch_prefilter(
             self,
             stream,
@@ -842,9 +1072,14 @@ impl Device {
 
 impl Device {
     /// The route a top-k/top-p call of `rows` with `params` takes on this
-    /// GPU (unless a workspace forces another).
-    pub fn topk_topp_route(&self, rows: Rows, params: &TruncParams) -> TopkToppRoute {
-        plan_topk_topp_route(&rows, &self.topk_topp_caps(), params.large_top_k)
+    /// GPU (unless a workspace forces another): the radix route where
+    /// [`plan_topk_topp_radix`] gives one, else [`plan_topk_topp_route`]'s.
+    pub fn topk_topp_route(&self, rows: Rows, params: &TruncParams) -> Result<TopkToppRoute> {
+        let radix = plan_topk_topp_radix(&rows, params.top_k_bound, &self.radix_caps()?);
+        Ok(radix.map_or_else(
+            || plan_topk_topp_route(&rows, &self.topk_topp_caps(), params.large_top_k),
+            TopkToppRoute::Radix,
+        ))
     }
 
     /// Truncates `[batch, vocab]` logits (f32, bf16 or f16: [`TruncElem`])
@@ -877,7 +1112,7 @@ impl Device {
         params.check(rows.batch)?;
         check_rows_out("kept", kept.len(), rows.batch)?;
         let route = route_of(self, &rows, params, ws)?;
-        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        let (lay, slab_at) = fit_workspace::<T>(stream, &rows, ws, route)?;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (user, _g1) = logits.device_ptr_mut(stream);
         let (kp, _g6) = kept.device_ptr_mut(stream);
@@ -908,14 +1143,38 @@ impl Device {
                 )
             }?;
         } else {
-            launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
-            // SAFETY: the f32 rows at `l` hold `krows.min_len()` elements
-            // (batch rows `row_stride` apart with `vocab` each, 1 <= vocab
-            // <= MAX_VOCAB), `kept` at least `batch` elements (checked),
-            // `ws` the layout's words (grown above), all live cudarc buffers
-            // of this stream's context; the prefilter passes launched just
-            // before.
-            unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
+            if let TopkToppRoute::Radix(radix) = route {
+                // SAFETY: the f32 rows at `l` hold `krows.min_len()`
+                // elements (the caller's, validated, or the workspace
+                // copy), `kept` and the parameters at least `batch`
+                // elements (checked), the workspace the layout's words and
+                // the slab from `slab_at` (grown above), all live cudarc
+                // buffers of this stream's context.
+                unsafe {
+                    launch_radix_route(
+                        self,
+                        stream,
+                        radix,
+                        l,
+                        &krows,
+                        params,
+                        (w, slab_at),
+                        RadixTail::Mask {
+                            kept: kp,
+                            with_mass: false,
+                        },
+                    )
+                }?;
+            } else {
+                launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
+                // SAFETY: the f32 rows at `l` hold `krows.min_len()`
+                // elements (batch rows `row_stride` apart with `vocab`
+                // each, 1 <= vocab <= MAX_VOCAB), `kept` at least `batch`
+                // elements (checked), `ws` the layout's words (grown
+                // above), all live cudarc buffers of this stream's
+                // context; the prefilter passes launched just before.
+                unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
+            }
             let mut apply_args = [
                 kernel_arg(&l),
                 kernel_arg(&vocab),
@@ -977,7 +1236,7 @@ impl Device {
             ));
         }
         let route = route_of(self, &rows, params, ws)?;
-        let lay = fit_workspace::<T>(stream, &rows, ws)?;
+        let (lay, slab_at) = fit_workspace::<T>(stream, &rows, ws, route)?;
         let (w, _g0) = ws.partial_mut().device_ptr_mut(stream);
         let (user, _g1) = logits.device_ptr(stream);
         let (l, rows) = kernel_rows::<T>(self, stream, user, &rows, &lay, w)?;
@@ -1007,6 +1266,31 @@ impl Device {
                     &rows,
                     ctas,
                     w,
+                )
+            };
+        }
+        if let TopkToppRoute::Radix(radix) = route {
+            // SAFETY: the f32 rows at `l` hold `rows.min_len()` elements
+            // (validated, or the workspace copy), the parameters, seeds,
+            // offsets and both outputs at least `batch` elements (checked),
+            // the workspace the layout's words and the slab from `slab_at`
+            // (grown above), all live cudarc buffers of this stream's
+            // context.
+            return unsafe {
+                launch_radix_route(
+                    self,
+                    stream,
+                    radix,
+                    l,
+                    &rows,
+                    params,
+                    (w, slab_at),
+                    RadixTail::Sample {
+                        seed: s,
+                        offset: o,
+                        tokens: tok,
+                        valid: v,
+                    },
                 )
             };
         }
@@ -1236,6 +1520,8 @@ pub(crate) fn configure(
         &k.topk_topp_mask_listed_f32,
         &k.topk_topp_sample_f32,
         &k.topk_topp_sample_listed_f32,
+        &k.topk_topp_slab_mask_f32,
+        &k.topk_topp_slab_sample_f32,
     ]
     .into_iter()
     .chain(cluster_kernels)

@@ -93,10 +93,15 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_sample_listed_f32",
     "topk_topp_cluster_mask_f32",
     "topk_topp_cluster_sample_f32",
+    "topk_topp_slab_mask_f32",
+    "topk_topp_slab_sample_f32",
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",
     "radix_topk_filter_f32",
     "radix_topk_filter_small_f32",
+    "radix_topk_cluster_logits_f32",
+    "radix_topk_filter_logits_f32",
+    "radix_topk_filter_small_logits_f32",
     "radix_probs_to_logits_f32",
 ];
 
@@ -268,6 +273,18 @@ pub const LAUNCH_BOUNDS: &[LaunchBounds] = &[
     },
     LaunchBounds {
         kernel: "radix_topk_filter_small_f32",
+        max_threads: radix_select::RADIX_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "radix_topk_filter_logits_f32",
+        max_threads: radix_select::RADIX_THREADS,
+        min_blocks_per_sm: 1,
+        modules: Modules::All,
+    },
+    LaunchBounds {
+        kernel: "radix_topk_filter_small_logits_f32",
         max_threads: radix_select::RADIX_THREADS,
         min_blocks_per_sm: 1,
         modules: Modules::All,

@@ -1076,14 +1076,32 @@ pub struct Plan {
     pub t2: u32,
 }
 
-impl Plan {
-    /// The plan of a row of `n` elements with statistics `stats` (taken
-    /// with `shift`) under `params`.
+/// The parameter part of a [`Plan`]: the effective top-k and top-p
+/// (temperature <= 0 or NaN is greedy: top-1) and the weights after
+/// temperature and min-p, from the row's largest logit alone. Shared by
+/// [`Plan::new`] and the GPU kernels that know a row's largest logit
+/// without its statistics (the radix select's slab).
+#[derive(Clone, Copy, Debug)]
+pub struct Truncation {
+    /// Elements top-k keeps (`n` when off).
+    pub k: u32,
+    /// Whether top-k cuts (`k < n`).
+    pub topk: bool,
+    /// The top-p mass fraction, in `(0, 1]`.
+    pub top_p: f32,
+    /// Whether top-p cuts.
+    pub topp: bool,
+    /// Softmax weights and the min-p test.
+    pub weights: Weights,
+}
+
+impl Truncation {
+    /// The truncation of a row of `n` elements whose largest logit is
+    /// `max` ([`RowStats::max`]) under `params` (`prefilter` unused).
     #[inline(always)]
-    pub fn new(stats: &RowStats, shift: f32, n: u32, params: &RowParams) -> Plan {
+    pub fn new(max: f32, n: u32, params: &RowParams) -> Truncation {
         let greedy = params.temperature.is_nan() || params.temperature <= 0.0;
         let k = effective_k(params.top_k, params.temperature, n);
-        let topk = k < n;
         let top_p = if params.top_p.is_nan() {
             1.0
         } else if params.top_p > 0.0 {
@@ -1091,10 +1109,31 @@ impl Plan {
         } else {
             f32::MIN_POSITIVE
         };
-        let topp = !greedy && top_p < 1.0;
         let min_p = if greedy { 0.0 } else { params.min_p };
         let temperature = if greedy { 1.0 } else { params.temperature };
-        let weights = Weights::new(stats.max(), temperature, min_p);
+        Truncation {
+            k,
+            topk: k < n,
+            top_p,
+            topp: !greedy && top_p < 1.0,
+            weights: Weights::new(max, temperature, min_p),
+        }
+    }
+}
+
+impl Plan {
+    /// The plan of a row of `n` elements with statistics `stats` (taken
+    /// with `shift`) under `params`.
+    #[inline(always)]
+    pub fn new(stats: &RowStats, shift: f32, n: u32, params: &RowParams) -> Plan {
+        let Truncation {
+            k,
+            topk,
+            top_p,
+            topp,
+            weights,
+        } = Truncation::new(stats.max(), n, params);
+        let temperature = weights.temperature;
 
         // Pre-filter thresholds: the tight one and a looser second tier, for
         // rows whose sigma is inflated by outliers.

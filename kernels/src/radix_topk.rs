@@ -66,10 +66,13 @@
 //! [`FILTER_MIN_CAP`]: crate::radix_select::FILTER_MIN_CAP
 //! [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 
+use core::marker::PhantomData;
+
 use crate::arch;
 use crate::block;
 use crate::noise;
 use crate::philox;
+use crate::radix::{f32_from_key, f32_key};
 use crate::radix_select::{
     BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS,
     FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
@@ -95,6 +98,99 @@ const _: () = assert!(GATHER_CAP == 4 * THREADS);
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct Quad([u32; 4]);
+
+/// How a radix kernel reads its input: the clean bits (the unsigned keys,
+/// larger first) it selects on, and what the filter route tests on the
+/// bit patterns as stored.
+trait Keys {
+    /// The stored bits the loads give a slot outside the row: no key
+    /// [`Keys::pushes`] passes.
+    const PAD: u32;
+    /// Whether [`Keys::clean`] of [`Keys::PAD`] is 0 (the key of no
+    /// element), so that a load's clean bits need no test of the slot.
+    const PAD_IS_CLEAN_ZERO: bool;
+    /// Whether stage 2 (the draw from probabilities) serves the input.
+    const DRAWS: bool;
+    /// The clean bits of an element stored as `raw`.
+    fn clean(raw: u32) -> u32;
+    /// Whether the filter's pushes against threshold `t` need the exact
+    /// test (the slot's validity and its composite key).
+    fn exact_push(t: u64) -> bool;
+    /// The filter's push test against `t` when not [`Keys::exact_push`]:
+    /// every element whose key is `>= t` passes, and none whose clean bits
+    /// are below `t`'s, nor a slot outside the row.
+    fn pushes(raw: u32, t: u64) -> bool;
+    /// The slab's value of an element with clean bits `bits`.
+    fn value(bits: u32) -> f32;
+}
+
+/// f32 probabilities ([`prob_bits`]: NaN, negative values and +inf weigh
+/// nothing).
+struct Probs;
+
+impl Keys for Probs {
+    const PAD: u32 = 0;
+    const PAD_IS_CLEAN_ZERO: bool = true;
+    const DRAWS: bool = true;
+    #[inline(always)]
+    fn clean(raw: u32) -> u32 {
+        prob_bits(f32::from_bits(raw))
+    }
+    #[inline(always)]
+    fn exact_push(t: u64) -> bool {
+        composite_bits(t) == 0
+    }
+    #[inline(always)]
+    fn pushes(raw: u32, t: u64) -> bool {
+        // Not exact: `t` has value bits, so the index plays no part.
+        filter_pushes(raw, 0, t)
+    }
+    #[inline(always)]
+    fn value(bits: u32) -> f32 {
+        f32::from_bits(bits)
+    }
+}
+
+/// f32 logits, for the top-k of the pivot route's calls
+/// (`crate::topk_topp`): clean bits [`f32_key`] (NaN has the key of -inf;
+/// no element's key is 0), slab values `f32_from_key` of them (NaN comes
+/// back as -inf).
+struct Logits;
+
+/// The key of -inf (and NaN).
+const NEG_INF_KEY: u32 = 0x007f_ffff;
+const _: () = assert!(NEG_INF_KEY == !0xff80_0000u32);
+/// The key of +0.0, whose float also equals -0.0 (key `0x7fff_ffff`).
+const POS_ZERO_KEY: u32 = 0x8000_0000;
+
+impl Keys for Logits {
+    // A NaN: fails every float comparison.
+    const PAD: u32 = 0x7fff_ffff;
+    const PAD_IS_CLEAN_ZERO: bool = false;
+    const DRAWS: bool = false;
+    #[inline(always)]
+    fn clean(raw: u32) -> u32 {
+        f32_key(raw)
+    }
+    #[inline(always)]
+    fn exact_push(t: u64) -> bool {
+        // At or below -inf's key the float test would miss NaN (whose key
+        // is -inf's); at +0.0's it would pass -0.0, whose key is below.
+        let b = composite_bits(t);
+        b <= NEG_INF_KEY || b == POS_ZERO_KEY
+    }
+    #[inline(always)]
+    fn pushes(raw: u32, t: u64) -> bool {
+        // One float comparison: `t`'s clean bits lie above -inf's key and
+        // are not +0.0's, so the floats `>=` its value are exactly the keys
+        // `>=` its bits, and NaN (pads included) fails.
+        f32::from_bits(raw) >= f32::from_bits(f32_from_key(composite_bits(t)))
+    }
+    #[inline(always)]
+    fn value(bits: u32) -> f32 {
+        f32::from_bits(f32_from_key(bits))
+    }
+}
 
 // Dynamic shared memory, in bytes from its base: two histograms, the
 // gather buffer, reduction scratch, then the chunk cache.
@@ -651,7 +747,7 @@ impl Exchange for Global {
 /// element `start + s - misalign`, so that group `g` (slots `4g .. 4g + 4`)
 /// is one aligned vector in global memory and one [`Quad`] of the cache.
 #[derive(Clone, Copy)]
-struct Chunk {
+struct Chunk<K: Keys> {
     /// Address of slot 0.
     base: *const f32,
     /// Row index of slot 0, wrapping (slot 0 may precede the row).
@@ -664,11 +760,12 @@ struct Chunk {
     groups: u32,
     /// Groups held in the shared-memory cache.
     cached: u32,
+    keys: PhantomData<K>,
 }
 
-impl Chunk {
+impl<K: Keys> Chunk<K> {
     #[inline(always)]
-    fn new(row: *const f32, rank: u32, args: &RadixArgs) -> Chunk {
+    fn new(row: *const f32, rank: u32, args: &RadixArgs) -> Chunk<K> {
         let start = rank.saturating_mul(args.chunk).min(args.vocab);
         let len = (args.vocab - start).min(args.chunk);
         // SAFETY (of the offset): `start <= vocab`.
@@ -686,6 +783,7 @@ impl Chunk {
             end,
             groups,
             cached: groups.min(args.cache_slots / 4),
+            keys: PhantomData,
         }
     }
 
@@ -715,16 +813,20 @@ impl Chunk {
     unsafe fn load(&self, g: u32) -> [u32; 4] {
         // SAFETY: forwarded.
         let v = unsafe { self.load_raw(g) };
-        [
-            prob_bits(f32::from_bits(v[0])),
-            prob_bits(f32::from_bits(v[1])),
-            prob_bits(f32::from_bits(v[2])),
-            prob_bits(f32::from_bits(v[3])),
-        ]
+        let s = 4 * g;
+        let clean = |e: u32| {
+            if K::PAD_IS_CLEAN_ZERO || self.valid(s + e) {
+                K::clean(v[e as usize])
+            } else {
+                0
+            }
+        };
+        [clean(0), clean(1), clean(2), clean(3)]
     }
 
-    /// The bit patterns of group `g` as stored (0 for slots outside the
-    /// chunk): one vector load inside, scalar loads at the chunk's ends.
+    /// The bit patterns of group `g` as stored ([`Keys::PAD`] for slots
+    /// outside the chunk): one vector load inside, scalar loads at the
+    /// chunk's ends.
     ///
     /// # Safety
     /// `g < groups`; the row is readable (the launch contract).
@@ -740,7 +842,7 @@ impl Chunk {
                     if self.valid(s + e) {
                         arch::ld_global_nc_u32(self.base.add((s + e) as usize) as *const u32)
                     } else {
-                        0
+                        K::PAD
                     }
                 };
                 [one(0), one(1), one(2), one(3)]
@@ -859,7 +961,7 @@ unsafe fn clear_hist(smem: Smem, parity: u32) {
 /// # Safety
 /// The launch contract; every thread calls it after [`clear_hist`].
 #[inline(always)]
-unsafe fn stream_pass(chunk: &Chunk, smem: Smem, hist: *mut u32) {
+unsafe fn stream_pass<K: Keys>(chunk: &Chunk<K>, smem: Smem, hist: *mut u32) {
     let tid = arch::thread_idx_x();
     let mut counter = RunCounter::new(hist);
     let mut visit = |g: u32, v: [u32; 4]| {
@@ -913,7 +1015,7 @@ unsafe fn stream_pass(chunk: &Chunk, smem: Smem, hist: *mut u32) {
 /// # Safety
 /// The launch contract; every thread calls it after [`clear_hist`].
 #[inline(always)]
-unsafe fn refine_pass(chunk: &Chunk, smem: Smem, hist: *mut u32, sel: &RadixSelect) {
+unsafe fn refine_pass<K: Keys>(chunk: &Chunk<K>, smem: Smem, hist: *mut u32, sel: &RadixSelect) {
     let mut counter = RunCounter::new(hist);
     // SAFETY: forwarded.
     unsafe {
@@ -1086,7 +1188,7 @@ unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> 
 /// # Safety
 /// Every thread calls it; at most [`GATHER_CAP`] keys of the row qualify.
 #[inline(always)]
-unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: u64) {
+unsafe fn gather_pass<K: Keys, X: Exchange>(x: &X, chunk: &Chunk<K>, smem: Smem, threshold: u64) {
     let lane = arch::thread_idx_x() % 32;
     let lower = (1u32 << lane) - 1;
     // SAFETY: forwarded; reserved positions stay below GATHER_CAP.
@@ -1149,7 +1251,7 @@ unsafe fn gather_pass<X: Exchange>(x: &X, chunk: &Chunk, smem: Smem, threshold: 
 
 /// Per-row outputs and parameters (pointers from the launch).
 #[derive(Clone, Copy)]
-struct Outputs {
+struct Outputs<K: Keys> {
     top_k: *const u32,
     top_p: *const f32,
     seed: *const u64,
@@ -1159,6 +1261,7 @@ struct Outputs {
     slab_counts: *mut u32,
     tokens: *mut u32,
     valid: *mut u8,
+    keys: PhantomData<K>,
 }
 
 /// Writes row `row`'s slab from the sorted gather buffer (`k` entries,
@@ -1167,20 +1270,20 @@ struct Outputs {
 /// # Safety
 /// Every thread of rank 0 calls it; the slab pointers hold the row.
 #[inline(always)]
-unsafe fn write_slab(out: &Outputs, smem: Smem, row: u32, k: u32) {
+unsafe fn write_slab<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32) {
     let tid = arch::thread_idx_x();
     let at = row as usize * SLAB as usize;
     // SAFETY: the launch contract.
     unsafe {
         let mut i = tid;
         while i < SLAB {
-            let (bits, index) = if i < k {
+            let (value, index) = if i < k {
                 let key = *smem.gather().add(i as usize);
-                (composite_bits(key), composite_index(key))
+                (K::value(composite_bits(key)), composite_index(key))
             } else {
-                (0, u32::MAX)
+                (0.0, u32::MAX)
             };
-            *out.slab_values.add(at + i as usize) = f32::from_bits(bits);
+            *out.slab_values.add(at + i as usize) = value;
             *out.slab_indices.add(at + i as usize) = index;
             i += THREADS;
         }
@@ -1199,7 +1302,7 @@ unsafe fn write_slab(out: &Outputs, smem: Smem, row: u32, k: u32) {
 /// # Safety
 /// Every thread of rank 0 calls it; the sampling pointers hold the row.
 #[inline(always)]
-unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
+unsafe fn sample_row<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32) {
     let tid = arch::thread_idx_x();
     // SAFETY: forwarded; the warp's and the block's scans and barriers are
     // reached by every thread of their group.
@@ -1244,8 +1347,8 @@ unsafe fn sample_row(out: &Outputs, smem: Smem, row: u32, k: u32) {
 /// before `sync` and read after it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn draw_row(
-    out: &Outputs,
+unsafe fn draw_row<K: Keys>(
+    out: &Outputs<K>,
     smem: Smem,
     row: u32,
     k: u32,
@@ -1317,7 +1420,7 @@ unsafe fn draw_row(
 /// Every thread of the CTA calls it; `n <= GATHER_CAP`; the output pointers
 /// of `mode` hold the row.
 #[inline(always)]
-unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
+unsafe fn finish_row<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
     // SAFETY: forwarded.
     unsafe {
         // The gathered composites are distinct (each holds its index).
@@ -1331,7 +1434,7 @@ unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: 
         if mode & MODE_SLAB != 0 {
             write_slab(out, smem, row, k);
         }
-        if mode & MODE_SAMPLE != 0 {
+        if K::DRAWS && mode & MODE_SAMPLE != 0 {
             sample_row(out, smem, row, k);
         }
     }
@@ -1348,7 +1451,12 @@ unsafe fn finish_row(out: &Outputs, smem: Smem, row: u32, k: u32, n: u32, mode: 
 /// The launch contract in the module docs; control flow depends only on
 /// values every CTA of the row computes alike (uniform).
 #[inline(always)]
-unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn radix_rows<K: Keys, X: Exchange>(
+    x: &X,
+    probs: *const f32,
+    out: &Outputs<K>,
+    args: &RadixArgs,
+) {
     let smem = Smem::new();
     let mut parity = 0;
     let mut row = arch::block_idx_y();
@@ -1357,7 +1465,7 @@ unsafe fn radix_rows<X: Exchange>(x: &X, probs: *const f32, out: &Outputs, args:
         while row < args.batch {
             x.begin_row(smem);
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
-            let chunk = Chunk::new(row_ptr, x.rank(), args);
+            let chunk = Chunk::<K>::new(row_ptr, x.rank(), args);
             // `k` is read after the stream pass's loads are issued (read
             // before, every thread waited for it before its first load);
             // the select is made then.
@@ -1468,21 +1576,21 @@ macro_rules! each_elem {
 const _: () = assert!(ROUND_ELEMS == 16);
 
 /// This thread's bit patterns of filter round `r`: element `4 j + e` is
-/// slot `e` of group `r FILTER_ROUND_GROUPS + tid + j THREADS` (0 for slots
-/// outside the row).
+/// slot `e` of group `r FILTER_ROUND_GROUPS + tid + j THREADS`
+/// ([`Keys::PAD`] for slots outside the row).
 ///
 /// # Safety
 /// The launch contract (the row is readable).
 #[cfg(not(target_feature = "sm_90"))]
 #[inline(always)]
-unsafe fn filter_load(chunk: &Chunk, r: u32) -> [u32; ROUND_ELEMS] {
+unsafe fn filter_load<K: Keys>(chunk: &Chunk<K>, r: u32) -> [u32; ROUND_ELEMS] {
     let g = r * FILTER_ROUND_GROUPS + arch::thread_idx_x();
     // SAFETY: groups below `groups` only.
     let load = |g: u32| unsafe {
         if g < chunk.groups {
             chunk.load_raw(g)
         } else {
-            [0; 4]
+            [K::PAD; 4]
         }
     };
     let (a, b, c, d) = (
@@ -1523,12 +1631,12 @@ unsafe fn filter_reserve(fill: u32, total: u32) -> u32 {
 /// Pushes this thread's keys of round `r` (`v`) that are `>= t` to the
 /// candidate buffer, after its first `at` keys (below `cap`).
 ///
-/// The test is [`filter_pushes`]. While `t` has no value bits (rows whose
-/// first round's crossing bucket is the zero bucket: fewer than `k`
-/// positive values) it compares exact keys, and each element's keys take
+/// While [`Keys::exact_push`] (for probabilities: `t` has no value bits,
+/// rows whose first round's crossing bucket is the zero bucket: fewer than
+/// `k` positive values) the test compares exact keys, and each element's keys take
 /// consecutive positions across the warp (one ballot each: such a round
 /// pushes most elements, and this layout has no bank conflicts). Later it
-/// is two integer operations on the bit pattern, and the few threads with
+/// is [`Keys::pushes`] on the bit pattern, and the few threads with
 /// candidates (a selective `t` passes about `k` keys of a round's 8192)
 /// reserve their positions with one shared atomic each and store only
 /// their candidates, one loop turn each ([`pick_elem`]), instead of the
@@ -1539,8 +1647,8 @@ unsafe fn filter_reserve(fill: u32, total: u32) -> u32 {
 /// and `fill` (a control word); `at <= cap`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn filter_push(
-    chunk: &Chunk,
+unsafe fn filter_push<K: Keys>(
+    chunk: &Chunk<K>,
     smem: Smem,
     r: u32,
     v: &[u32; ROUND_ELEMS],
@@ -1552,20 +1660,15 @@ unsafe fn filter_push(
     let lane = arch::thread_idx_x() % 32;
     let lower = (1u32 << lane) - 1;
     let buf = smem.candidates();
-    let key = |i: usize| {
-        composite(
-            prob_bits(f32::from_bits(v[i])),
-            chunk.first.wrapping_add(filter_slot(r, i)),
-        )
-    };
+    let key = |i: usize| composite(K::clean(v[i]), chunk.first.wrapping_add(filter_slot(r, i)));
     let mut mask = 0u32;
     // SAFETY: positions below `cap`, inside the buffer (the launch
     // contract); the counter word is the caller's.
     unsafe {
-        if composite_bits(t) == 0 {
+        if K::exact_push(t) {
             each_elem!(i, {
                 let slot = filter_slot(r, i);
-                if chunk.valid(slot) && filter_pushes(v[i], chunk.first.wrapping_add(slot), t) {
+                if chunk.valid(slot) && key(i) >= t {
                     mask |= 1 << i;
                 }
             });
@@ -1591,9 +1694,9 @@ unsafe fn filter_push(
                 });
             };
         } else {
-            // Slots outside the row hold 0, which fails.
+            // Slots outside the row hold `K::PAD`, which fails.
             each_elem!(i, {
-                if filter_pushes(v[i], 0, t) {
+                if K::pushes(v[i], t) {
                     mask |= 1 << i;
                 }
             });
@@ -1604,7 +1707,7 @@ unsafe fn filter_push(
                     mask &= mask - 1;
                     if p < cap {
                         *buf.add(p as usize) = composite(
-                            prob_bits(f32::from_bits(pick_elem(v, i))),
+                            K::clean(pick_elem(v, i)),
                             chunk.first.wrapping_add(filter_slot(r, i)),
                         );
                     }
@@ -1661,8 +1764,8 @@ fn pick_elem(v: &[u32; ROUND_ELEMS], i: usize) -> u32 {
 /// histograms of `smem` are free (no thread reads or writes them until
 /// the call returns).
 #[inline(always)]
-unsafe fn filter_seed<const SMALL: bool>(
-    chunk: &Chunk,
+unsafe fn filter_seed<K: Keys, const SMALL: bool>(
+    chunk: &Chunk<K>,
     smem: Smem,
     v: &[u32; ROUND_ELEMS],
     k: u32,
@@ -1676,14 +1779,14 @@ unsafe fn filter_seed<const SMALL: bool>(
             let mut top = 0u32;
             each_elem!(i, {
                 if chunk.valid(filter_slot(0, i)) {
-                    top = top.max(prob_bits(f32::from_bits(v[i])));
+                    top = top.max(K::clean(v[i]));
                 }
             });
             counter.add(first_digit(top));
         } else {
             each_elem!(i, {
                 if chunk.valid(filter_slot(0, i)) {
-                    counter.add(first_digit(prob_bits(f32::from_bits(v[i]))));
+                    counter.add(first_digit(K::clean(v[i])));
                 }
             });
         }
@@ -1892,8 +1995,8 @@ impl FilterRow {
 /// Every thread of the block calls it with the same arguments but `v`;
 /// `work`'s histograms and gather buffer are free.
 #[inline(always)]
-unsafe fn filter_round<const SMALL: bool>(
-    chunk: &Chunk,
+unsafe fn filter_round<K: Keys, const SMALL: bool>(
+    chunk: &Chunk<K>,
     smem: Smem,
     work: Smem,
     r: u32,
@@ -1911,7 +2014,7 @@ unsafe fn filter_round<const SMALL: bool>(
         if r == 0 {
             #[cfg(target_feature = "sm_90")]
             arch::bar_sync();
-            st.t = filter_seed::<SMALL>(chunk, work, v, k, parity);
+            st.t = filter_seed::<K, SMALL>(chunk, work, v, k, parity);
             #[cfg(target_feature = "sm_90")]
             arch::fence_proxy_async_shared();
         }
@@ -1963,8 +2066,8 @@ unsafe fn filter_round<const SMALL: bool>(
 /// of the row was filtered ([`filter_round`]); the output pointers of
 /// `mode` hold the row.
 #[inline(always)]
-unsafe fn filter_end_row<const SMALL: bool>(
-    out: &Outputs,
+unsafe fn filter_end_row<K: Keys, const SMALL: bool>(
+    out: &Outputs<K>,
     smem: Smem,
     row: u32,
     st: &FilterRow,
@@ -2005,10 +2108,10 @@ unsafe fn filter_end_row<const SMALL: bool>(
 /// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 #[cfg(not(target_feature = "sm_90"))]
 #[inline(always)]
-unsafe fn filter_rows<const SMALL: bool>(
+unsafe fn filter_rows<K: Keys, const SMALL: bool>(
     _ws: [*mut u8; 4],
     probs: *const f32,
-    out: &Outputs,
+    out: &Outputs<K>,
     args: &RadixArgs,
 ) {
     let smem = Smem::new();
@@ -2021,7 +2124,7 @@ unsafe fn filter_rows<const SMALL: bool>(
     unsafe {
         while row < args.batch {
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
-            let chunk = Chunk::new(row_ptr, 0, args);
+            let chunk = Chunk::<K>::new(row_ptr, 0, args);
             let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
             // The first round's loads go out before anything waits.
             let mut next = filter_load(&chunk, 0);
@@ -2039,10 +2142,10 @@ unsafe fn filter_rows<const SMALL: bool>(
                 if r + 1 < rounds {
                     next = filter_load(&chunk, r + 1);
                 }
-                filter_round::<SMALL>(&chunk, smem, smem, r, &v, &mut st, &mut parity);
+                filter_round::<K, SMALL>(&chunk, smem, smem, r, &v, &mut st, &mut parity);
                 r += 1;
             }
-            filter_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
+            filter_end_row::<K, SMALL>(out, smem, row, &st, &mut parity, args.mode);
             row += arch::grid_dim_y();
         }
     }
@@ -2068,8 +2171,8 @@ unsafe fn filter_rows<const SMALL: bool>(
 /// GATHER_CAP` keys.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_merge_end_row<const SMALL: bool>(
-    out: &Outputs,
+unsafe fn filter_merge_end_row<K: Keys, const SMALL: bool>(
+    out: &Outputs<K>,
     smem: Smem,
     row: u32,
     st: &FilterRow,
@@ -2137,7 +2240,7 @@ unsafe fn filter_merge_end_row<const SMALL: bool>(
 /// stage before was waited for (its barrier has no phase pending).
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_issue(chunk: &Chunk, smem: Smem, r: u32, s: u32) {
+unsafe fn filter_issue<K: Keys>(chunk: &Chunk<K>, smem: Smem, r: u32, s: u32) {
     let first = r * FILTER_ROUND_GROUPS;
     let (a, b) = crate::radix_select::filter_bulk_groups(chunk.misalign, chunk.end, r);
     let bar = smem.full(s);
@@ -2167,14 +2270,18 @@ unsafe fn filter_issue(chunk: &Chunk, smem: Smem, r: u32, s: u32) {
 /// `filter_load` reads them: whole groups from the stage (one 16-byte
 /// shared load each; a warp reads 512 contiguous bytes, no bank
 /// conflict), the row's partial first and last groups from global memory
-/// slot by slot (0 outside the row), 0 past the row.
+/// slot by slot ([`Keys::PAD`] outside the row and past it).
 ///
 /// # Safety
 /// The launch contract; `stage` holds round `r` ([`filter_issue`], its
 /// phase waited for).
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_stage_load(chunk: &Chunk, stage: *const Quad, r: u32) -> [u32; ROUND_ELEMS] {
+unsafe fn filter_stage_load<K: Keys>(
+    chunk: &Chunk<K>,
+    stage: *const Quad,
+    r: u32,
+) -> [u32; ROUND_ELEMS] {
     let tid = arch::thread_idx_x();
     let (lo, hi) = chunk.whole();
     let first = r * FILTER_ROUND_GROUPS;
@@ -2196,7 +2303,7 @@ unsafe fn filter_stage_load(chunk: &Chunk, stage: *const Quad, r: u32) -> [u32; 
                 } else if g < chunk.groups {
                     chunk.load_raw(g)
                 } else {
-                    [0; 4]
+                    [K::PAD; 4]
                 }
             };
             (load(0), load(1), load(2), load(3))
@@ -2236,10 +2343,10 @@ unsafe fn filter_stage_load(chunk: &Chunk, stage: *const Quad, r: u32) -> [u32; 
 /// [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-unsafe fn filter_rows<const SMALL: bool>(
+unsafe fn filter_rows<K: Keys, const SMALL: bool>(
     _ws: [*mut u8; 4],
     probs: *const f32,
-    out: &Outputs,
+    out: &Outputs<K>,
     args: &RadixArgs,
 ) {
     let smem = Smem::staged();
@@ -2265,7 +2372,7 @@ unsafe fn filter_rows<const SMALL: bool>(
             let row_ptr = probs.add(row as usize * args.row_stride as usize);
             // A cluster's CTAs split the row (rank r takes chunk r); a
             // launch without one is a cluster of one, the whole row.
-            let chunk = Chunk::new(row_ptr, arch::cluster_ctarank(), args);
+            let chunk = Chunk::<K>::new(row_ptr, arch::cluster_ctarank(), args);
             let rounds = chunk.groups.div_ceil(FILTER_ROUND_GROUPS);
             // The first two rounds' counter words ([`filter_round`]).
             if tid == 0 {
@@ -2296,7 +2403,7 @@ unsafe fn filter_rows<const SMALL: bool>(
                 // Stage s is read once the round's elements are in
                 // registers: the seed and the compaction work in it.
                 let work = smem.with_work(smem.stage(s) as *mut u8);
-                filter_round::<SMALL>(&chunk, smem, work, r, &v, &mut st, &mut parity);
+                filter_round::<K, SMALL>(&chunk, smem, work, r, &v, &mut st, &mut parity);
                 if tid == 0 && r + FILTER_STAGES < rounds {
                     filter_issue(&chunk, smem, r + FILTER_STAGES, s);
                 }
@@ -2305,9 +2412,9 @@ unsafe fn filter_rows<const SMALL: bool>(
             }
             // Every round issued was waited for: stage 0 is free.
             if arch::cluster_nctarank() == 1 {
-                filter_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
+                filter_end_row::<K, SMALL>(out, smem, row, &st, &mut parity, args.mode);
             } else {
-                filter_merge_end_row::<SMALL>(out, smem, row, &st, &mut parity, args.mode);
+                filter_merge_end_row::<K, SMALL>(out, smem, row, &st, &mut parity, args.mode);
             }
             row += arch::grid_dim_y();
         }
@@ -2348,7 +2455,12 @@ fn global_exchange(ws: [*mut u8; 4]) -> Global {
 /// # Safety
 /// The launch contract.
 #[inline(always)]
-unsafe fn cluster_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn cluster_rows<K: Keys>(
+    ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs<K>,
+    args: &RadixArgs,
+) {
     // SAFETY: forwarded.
     unsafe { radix_rows(&cluster_exchange(ws), probs, out, args) }
 }
@@ -2358,9 +2470,14 @@ unsafe fn cluster_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args:
 /// # Safety
 /// The launch contract.
 #[inline(always)]
-unsafe fn filter_rows_any(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn filter_rows_any<K: Keys>(
+    ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs<K>,
+    args: &RadixArgs,
+) {
     // SAFETY: forwarded.
-    unsafe { filter_rows::<false>(ws, probs, out, args) }
+    unsafe { filter_rows::<K, false>(ws, probs, out, args) }
 }
 
 /// The rows of [`radix_topk_filter_small_f32`]: every row's `k` at most
@@ -2369,9 +2486,14 @@ unsafe fn filter_rows_any(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, ar
 /// # Safety
 /// The launch contract.
 #[inline(always)]
-unsafe fn filter_rows_small(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn filter_rows_small<K: Keys>(
+    ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs<K>,
+    args: &RadixArgs,
+) {
     // SAFETY: forwarded.
-    unsafe { filter_rows::<true>(ws, probs, out, args) }
+    unsafe { filter_rows::<K, true>(ws, probs, out, args) }
 }
 
 /// The rows of [`radix_topk_coop_f32`].
@@ -2379,14 +2501,19 @@ unsafe fn filter_rows_small(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, 
 /// # Safety
 /// The launch contract.
 #[inline(always)]
-unsafe fn coop_rows(ws: [*mut u8; 4], probs: *const f32, out: &Outputs, args: &RadixArgs) {
+unsafe fn coop_rows<K: Keys>(
+    ws: [*mut u8; 4],
+    probs: *const f32,
+    out: &Outputs<K>,
+    args: &RadixArgs,
+) {
     // SAFETY: forwarded.
     unsafe { radix_rows(&global_exchange(ws), probs, out, args) }
 }
 
 macro_rules! radix_entry {
-    ($name:ident, $rows:ident, $what:literal) => {
-        #[doc = concat!("Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, ", $what, " (see the module docs).")]
+    ($name:ident, $rows:ident, $keys:ty, $what:literal) => {
+        #[doc = concat!($what, " (see the module docs).")]
         ///
         /// # Launch
         /// See the module docs.
@@ -2422,6 +2549,7 @@ macro_rules! radix_entry {
                 slab_counts,
                 tokens,
                 valid,
+                keys: PhantomData,
             };
             let ws = [
                 ws_hist as *mut u8,
@@ -2430,7 +2558,7 @@ macro_rules! radix_entry {
                 ws_barrier as *mut u8,
             ];
             // SAFETY: the launch contract.
-            unsafe { $rows(ws, probs, &out, &args) }
+            unsafe { $rows::<$keys>(ws, probs, &out, &args) }
         }
     };
 }
@@ -2438,22 +2566,45 @@ macro_rules! radix_entry {
 radix_entry!(
     radix_topk_cluster_f32,
     cluster_rows,
-    "the CTAs of a row forming a thread block cluster that exchanges through distributed shared memory (sm_90; one CTA per row on older GPUs; the workspace pointers are unused)"
+    Probs,
+    "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, the CTAs of a row forming a thread block cluster that exchanges through distributed shared memory (sm_90; one CTA per row on older GPUs; the workspace pointers are unused)"
 );
 radix_entry!(
     radix_topk_coop_f32,
     coop_rows,
-    "the CTAs of a row exchanging through the global workspace (`ws_hist`, `ws_gather`, `ws_count`, `ws_barrier`) of a cooperative launch: the multi-CTA fallback of GPUs without clusters"
+    Probs,
+    "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, the CTAs of a row exchanging through the global workspace (`ws_hist`, `ws_gather`, `ws_count`, `ws_barrier`) of a cooperative launch: the multi-CTA fallback of GPUs without clusters"
 );
 radix_entry!(
     radix_topk_filter_f32,
     filter_rows_any,
-    "one CTA per row streaming it once against a running threshold, its candidates in shared memory (the large-batch route; `args.cache_slots` is the candidate buffer's capacity in keys; the workspace pointers are unused)"
+    Probs,
+    "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, one CTA per row streaming it once against a running threshold, its candidates in shared memory (the large-batch route; `args.cache_slots` is the candidate buffer's capacity in keys; the workspace pointers are unused)"
 );
 radix_entry!(
     radix_topk_filter_small_f32,
     filter_rows_small,
-    "as `radix_topk_filter_f32`, for launches whose every `top_k` is at most `FILTER_SMALL_MAX_K`: the first round's seed from each thread's largest element, a late compaction and a row end without a final select where the buffer is short (kept out of `radix_topk_filter_f32`, whose code for larger `k` they made 0.5 to 1.9 us slower on the H200)"
+    Probs,
+    "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, as `radix_topk_filter_f32`, for launches whose every `top_k` is at most `FILTER_SMALL_MAX_K`: the first round's seed from each thread's largest element, a late compaction and a row end without a final select where the buffer is short (kept out of `radix_topk_filter_f32`, whose code for larger `k` they made 0.5 to 1.9 us slower on the H200)"
+);
+
+radix_entry!(
+    radix_topk_cluster_logits_f32,
+    cluster_rows,
+    Logits,
+    "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits (`probs` points to them; NaN counts as -inf and comes back as -inf), as `radix_topk_cluster_f32`: the pivot route's top-k (`crate::topk_topp`)"
+);
+radix_entry!(
+    radix_topk_filter_logits_f32,
+    filter_rows_any,
+    Logits,
+    "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits, as `radix_topk_cluster_logits_f32`, by the route of `radix_topk_filter_f32`"
+);
+radix_entry!(
+    radix_topk_filter_small_logits_f32,
+    filter_rows_small,
+    Logits,
+    "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits, as `radix_topk_cluster_logits_f32`, by the route of `radix_topk_filter_small_f32`"
 );
 
 /// The pivot route's input for probabilities: `logits[r][j] =

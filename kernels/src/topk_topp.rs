@@ -39,10 +39,14 @@
 //!    reads the row itself, as the one-block version did) and runs the
 //!    pivot rounds there (a covered row's candidates are its lists' entries
 //!    at or above the first tier's key, or the highest chunk floor:
-//!    [`covered_view`]); a list of at most 2048 candidates (4096 for
-//!    sampling) is sorted instead (its entries' order words in shared
-//!    memory, by rank counting up to 256 and a bitonic network above, then
-//!    the cut from the masses summed in that order by block scans);
+//!    [`covered_view`]); a list of at most 4096 candidates is sorted
+//!    instead (its entries' order words in shared memory, by rank counting
+//!    up to 256 and a bitonic network above, then the cut from the masses
+//!    summed in that order by block scans), and so are, after the top-k
+//!    pivot search, the top-k survivors of any other row whose top-k keeps
+//!    at most [`RANKED_MAX_K`] (gathered into shared memory): such a row's
+//!    cut is the rank-order one whatever its route, the slab kernels'
+//!    below included;
 //! 5. for masking, [`topk_topp_apply_f32`] (a block per chunk) writes -inf
 //!    over the chunk's elements outside the kept set, without reading them
 //!    when the kept set came from the lists.
@@ -63,7 +67,15 @@
 //!   renormalised, by inverse CDF in the total order (value desc, index
 //!   asc) with `u = uniform_open(row_uniform_bits(seed_key(seed), offset,
 //!   0))`, found by one more pivot search over the kept set's cumulative
-//!   mass (by one block scan over the ranks when the list was sorted).
+//!   mass (by one block scan over the ranks when the candidates were
+//!   sorted).
+//!
+//! The slab route: when every row's top-k keeps at most [`RANKED_MAX_K`],
+//! a radix select ([`crate::radix_select`]) can write each row's top-k to
+//! a slab instead of the passes above, and [`topk_topp_slab_mask_f32`]
+//! (followed by the same apply, renorm or kept-set passes) or
+//! [`topk_topp_slab_sample_f32`] cut it by the same rank-order rule: the
+//! same results as the selection kernels, bit for bit.
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
@@ -95,7 +107,7 @@ use crate::params::{
 use crate::philox;
 use crate::pivot::{
     Cut, Found, Group, Measure, Pivots, Plan, Prefilter, QuadAcc, QuadSearch, RowParams, RowStats,
-    Weights, index_key, top_p_ties,
+    Truncation, Weights, index_key, top_p_ties,
 };
 use crate::radix::{f32_from_key, f32_key};
 
@@ -1093,8 +1105,8 @@ struct Selected {
     cut: Cut,
     weights: Weights,
     valid: bool,
-    /// Kept ranks when [`sort_cut`] made the cut (its sorted order and
-    /// masses are in shared memory, the list's entries gone), else 0.
+    /// Kept ranks when [`ranked_cut`] made the cut (its sorted order and
+    /// masses are in shared memory, a list's entries gone), else 0.
     ranked: u32,
 }
 
@@ -1220,21 +1232,30 @@ fn merge_chunks<T: Reduce>(slots: Slots, empty: T, part: impl Fn(u32) -> T) -> T
     v
 }
 
-/// The row's plan under `params`, the pre-filter on.
+/// The row's parameters as [`Plan::new`] and [`Truncation::new`] take
+/// them, the pre-filter on.
 #[inline(always)]
-fn plan_of(stats: &RowStats, shift: f32, n: u32, params: Params) -> Plan {
-    Plan::new(
-        stats,
-        shift,
-        n,
-        &RowParams {
-            top_k: params.top_k,
-            top_p: params.top_p,
-            min_p: params.min_p,
-            temperature: params.temperature,
-            prefilter: true,
-        },
-    )
+fn row_params(params: Params) -> RowParams {
+    RowParams {
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
+        temperature: params.temperature,
+        prefilter: true,
+    }
+}
+
+/// The list's room in the selection kernels' dynamic shared memory
+/// `smem`: [`TOPK_TOPP_LIST_CAP`] list entries after the reduction slots
+/// and a word per thread (the offsets of [`load_list`] and
+/// [`covered_view`], the count of [`gather_kept`]).
+///
+/// # Safety
+/// `smem` is the selection kernels' dynamic shared memory.
+#[inline(always)]
+unsafe fn list_room(smem: *mut u8) -> *mut u64 {
+    // SAFETY: inside TOPK_TOPP_SMEM_BYTES (const assert; caller's contract).
+    unsafe { smem.add(REDUCE_BYTES + ROW_THREADS as usize * 4) as *mut u64 }
 }
 
 /// Loads the row's candidate lists into shared memory, chunk after chunk:
@@ -1253,7 +1274,7 @@ unsafe fn load_list(slots: Slots, off: u32, total: u32, floor: u32, smem: *mut u
     // count.
     unsafe {
         let offsets = smem.add(REDUCE_BYTES) as *mut u32;
-        let entries = offsets.add(ROW_THREADS as usize) as *mut u64;
+        let entries = list_room(smem);
         if tid < chunks {
             *offsets.add(tid as usize) = off;
         }
@@ -1419,7 +1440,7 @@ unsafe fn covered_view(rp: &RowPlan, slots: Slots, smem: *mut u8) -> RowView {
     // and the candidates' writes and their reads.
     unsafe {
         let offsets = smem.add(REDUCE_BYTES) as *mut u32;
-        let entries = offsets.add(ROW_THREADS as usize) as *mut u64;
+        let entries = list_room(smem);
         let count = if tid < chunks { *slots.count(tid) } else { 0 };
         let (off, total) = block_exclusive_scan(count, smem as *mut u32);
         if tid < chunks {
@@ -1709,7 +1730,9 @@ unsafe fn refine<const LISTED: bool>(
 /// pre-filter on) from the partials of the statistics and filter passes:
 /// the pivot rounds over the candidate list when every candidate is
 /// listed, else over the row; a list of at most [`SORT_MAX`] candidates is
-/// sorted instead.
+/// sorted instead, and so are the top-k survivors of a row whose top-k
+/// keeps at most [`RANKED_MAX_K`] ([`gather_kept`]): its top-p cut is then
+/// [`sort_cut`]'s, in rank order, as on the slab kernels.
 ///
 /// # Safety
 /// As [`run_search`]; both chunked passes of this call have completed.
@@ -1761,13 +1784,51 @@ unsafe fn select(row: Row, slots: Slots, view: RowView, smem: *mut u8) -> (Selec
         };
         let src = Source { row, list };
 
-        // Lists of at most SORT_MAX: the candidates sorted in the total
-        // order, no pivot rounds.
-        if let Some(l) = list
-            && (1..=SORT_MAX).contains(&l.total)
-        {
+        // The cut in rank order ([`sort_cut`]) over `ranked` candidates in
+        // the list's room: a list of at most SORT_MAX, every candidate of
+        // it, no pivot rounds; else, for a top-k of at most RANKED_MAX_K,
+        // the top-k survivors, gathered after the top-k search, so that a
+        // row's cut is one rule whichever its source (and the slab
+        // kernels'). 0: the pivot search's top-p below.
+        let mut cut = Cut::at_least(cand.min);
+        let ranked = match list {
+            Some(l) if (1..=SORT_MAX).contains(&l.total) => l.total,
+            _ => {
+                // Top-k.
+                if topk && cand.n > k {
+                    let search =
+                        QuadSearch::<u32>::new(k, cand.min, cand.max, cand.n, cand.n, true);
+                    let found = run_search(
+                        src,
+                        search,
+                        |key, _| key,
+                        |_| 1u32,
+                        |key, _, x| is_cand(key, x),
+                        smem,
+                    );
+                    cut = match found {
+                        Found::AtLeast(key) => Cut::at_least(key),
+                        Found::Boundary { key, above, count } => tie_cut(
+                            src,
+                            key,
+                            k.saturating_sub(above),
+                            count,
+                            |key, _, x| is_cand(key, x),
+                            smem,
+                        ),
+                    };
+                }
+                if topk && k <= RANKED_MAX_K {
+                    let kcut = cut;
+                    gather_kept(src, |key, i, x| is_cand(key, x) && kcut.keeps(key, i), smem)
+                } else {
+                    0
+                }
+            }
+        };
+        if ranked > 0 {
             let (cut, ranked) = sort_cut(
-                l,
+                ranked,
                 topk.then_some(k),
                 topp.then_some(top_p),
                 w,
@@ -1783,31 +1844,6 @@ unsafe fn select(row: Row, slots: Slots, view: RowView, smem: *mut u8) -> (Selec
                 },
                 src,
             );
-        }
-
-        // Top-k.
-        let mut cut = Cut::at_least(cand.min);
-        if topk && cand.n > k {
-            let search = QuadSearch::<u32>::new(k, cand.min, cand.max, cand.n, cand.n, true);
-            let found = run_search(
-                src,
-                search,
-                |key, _| key,
-                |_| 1u32,
-                |key, _, x| is_cand(key, x),
-                smem,
-            );
-            cut = match found {
-                Found::AtLeast(key) => Cut::at_least(key),
-                Found::Boundary { key, above, count } => tie_cut(
-                    src,
-                    key,
-                    k.saturating_sub(above),
-                    count,
-                    |key, _, x| is_cand(key, x),
-                    smem,
-                ),
-            };
         }
 
         // Top-p on the survivors of min-p and top-k.
@@ -1865,6 +1901,15 @@ unsafe fn select(row: Row, slots: Slots, view: RowView, smem: *mut u8) -> (Selec
 const SORT_MAX: u32 = TOPK_TOPP_LIST_CAP / 2;
 const _: () = assert!(SORT_MAX <= 16 * ROW_THREADS);
 
+/// Largest top-k whose cut is always taken in rank order ([`ranked_cut`]
+/// over the top-k survivors): on every route of the selection kernels
+/// ([`select`] gathers the survivors when it did not sort the whole list)
+/// and on the slab kernels, whose slab holds at most this many, so that a
+/// row's result is the same whichever route computed it.
+pub const RANKED_MAX_K: u32 = 1024;
+const _: () = assert!(RANKED_MAX_K == crate::radix_select::SLAB);
+const _: () = assert!(RANKED_MAX_K <= SORT_MAX);
+
 /// The position of a list entry (key in the low half, index in the high
 /// half) in the total order as one number: larger first (key descending,
 /// then index ascending). Never 0 (the index's complement is not).
@@ -1901,26 +1946,100 @@ unsafe fn run_mass(mass: *const f64, (r0, per): (u32, u32), end: u32) -> f64 {
     sum
 }
 
-/// The kept prefix of a row whose candidates are all in the list `l` (at
-/// most [`SORT_MAX`], every one a candidate): the list's entries, turned
-/// in place into their order words ([`order_of`]), sorted descending
-/// (by rank counting up to [`ROW_THREADS`] words, else by the bitonic
-/// network held in registers, [`block::bitonic_sort_desc_regs`]), so rank
-/// `r` is the `r`-th candidate of the total order; then top-k keeps the
-/// ranks below `k` and top-p (`top_p`) the ranks whose exclusive mass,
-/// summed in rank order, is below `top_p` times the top-k survivors' mass
-/// (`total_mass`, every min-p survivor's, without top-k), and at least
-/// one: the pivot search's cut (its masses summed in another order).
-/// Returns the cut and the kept ranks; the sorted order and masses stay
-/// in shared memory ([`sorted_arrays`]) for [`sorted_draw`]. The list's
-/// entries are gone: a caller reads the kept set from the ranks.
+/// Gathers the elements of `src` that `keep` accepts into the list's room
+/// as list entries (key in the low half, index in the high half, as
+/// [`load_list`] lays them out) and returns their count, to every thread:
+/// a loaded list (which the room holds) compacted in place, in its order,
+/// [`ROW_THREADS`] entries a round; the row's elements appended in any
+/// order (for [`sort_cut`], which sorts them; a shared atomic counts them
+/// in the offsets' first word). `keep` accepts at most [`RANKED_MAX_K`]
+/// elements: the count is cut to it, and the row's elements past it are
+/// not stored. Ends with a block barrier.
 ///
 /// # Safety
-/// As [`block_reduce`]; the list is loaded (a barrier since) in the
-/// list's room of [`SORT_MAX`] order words and as many masses.
+/// As [`run_search`]; `smem` is the selection kernels' dynamic shared
+/// memory, no thread still reading the room (without a list: nor the
+/// offsets) since the last block barrier.
+#[inline(always)]
+unsafe fn gather_kept(src: Source, keep: impl Fn(u32, u32, f32) -> bool, smem: *mut u8) -> u32 {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the room's entries below the list's total (at most
+    // TOPK_TOPP_LIST_CAP) or below RANKED_MAX_K, and the offsets' first
+    // word, inside TOPK_TOPP_SMEM_BYTES (const asserts); barriers as
+    // commented; control flow uniform (the list's total is).
+    let n = unsafe {
+        let room = list_room(smem);
+        match src.list {
+            Some(l) => {
+                // Every read of a round comes before the first barrier of
+                // its scan and every write after it; a round's writes land
+                // below its end (no more entries kept before it than read),
+                // never on an entry a later round reads.
+                let (mut n, mut base) = (0u32, 0u32);
+                while base < l.total {
+                    let p = base + tid;
+                    let e = if p < l.total {
+                        *room.add(p as usize)
+                    } else {
+                        0
+                    };
+                    let key = e as u32;
+                    let on = p < l.total
+                        && key >= l.floor
+                        && keep(key, (e >> 32) as u32, f32::from_bits(f32_from_key(key)));
+                    let (at, count) = block_exclusive_scan(u32::from(on), smem as *mut u32);
+                    if on {
+                        *room.add((n + at) as usize) = e;
+                    }
+                    n += count;
+                    base += ROW_THREADS;
+                }
+                // The last round's writes before any read of them.
+                arch::bar_sync();
+                n
+            }
+            None => {
+                let count = smem.add(REDUCE_BYTES) as *mut u32;
+                if tid == 0 {
+                    *count = 0;
+                }
+                arch::bar_sync();
+                let addr = arch::smem_addr(count);
+                src.for_each(|key, i, x| {
+                    if keep(key, i, x) {
+                        let at = arch::atom_shared_add_u32(addr, 1);
+                        if at < RANKED_MAX_K {
+                            *room.add(at as usize) = u64::from(key) | (u64::from(i) << 32);
+                        }
+                    }
+                });
+                // Every entry and the count before any read of them.
+                arch::bar_sync();
+                *count
+            }
+        }
+    };
+    n.min(RANKED_MAX_K)
+}
+
+/// The kept prefix of a row whose candidates are the `n` (1 to
+/// [`SORT_MAX`]) list entries at the start of the list's room (every one a
+/// candidate, or, with top-k, every top-k survivor): the entries, turned
+/// in place into their order words ([`order_of`]), sorted descending (by
+/// rank counting up to [`ROW_THREADS`] words, else by the bitonic network
+/// held in registers, [`block::bitonic_sort_desc_regs`]), so rank `r` is
+/// the `r`-th candidate of the total order; then [`ranked_cut`]. The
+/// sorted order and masses stay in shared memory ([`sorted_arrays`]) for
+/// [`sorted_mass`] and [`sorted_draw`]; the entries are gone: a caller
+/// reads the kept set from the ranks.
+///
+/// # Safety
+/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
+/// memory; the entries are written and visible to the block (a barrier
+/// since).
 #[inline(always)]
 unsafe fn sort_cut(
-    l: List,
+    n: u32,
     k: Option<u32>,
     top_p: Option<f32>,
     w: Weights,
@@ -1928,13 +2047,12 @@ unsafe fn sort_cut(
     smem: *mut u8,
 ) -> (Cut, u32) {
     let tid = arch::thread_idx_x();
-    let n = l.total;
-    // SAFETY: the list's entries below n, turned into order words by the
-    // thread that reads them; the sort's padding up to E ROW_THREADS at
-    // most SORT_MAX; the masses after SORT_MAX words, inside the list's
-    // room (const assert); barriers between the writes and the reads.
+    // SAFETY: the entries below n, turned into order words by the thread
+    // that reads them; the sort's padding up to E ROW_THREADS at most
+    // SORT_MAX, inside the room (const assert); the sorts start and end
+    // with a block barrier.
     unsafe {
-        let (order, mass) = sorted_arrays(l);
+        let (order, _) = sorted_arrays(smem);
         let mut q = tid;
         while q < n {
             *order.add(q as usize) = order_of(*order.add(q as usize));
@@ -1953,6 +2071,39 @@ unsafe fn sort_cut(
         } else {
             block::bitonic_sort_desc_regs::<16>(order, n, ROW_THREADS);
         }
+        ranked_cut(n, k, top_p, w, total_mass, smem)
+    }
+}
+
+/// The kept prefix of `n` (1 to [`SORT_MAX`]) candidates whose order words
+/// ([`order_of`]) lie sorted descending at the start of the list's room
+/// (rank `r` the `r`-th candidate of the total order): their masses
+/// (weights under `w`) written after [`SORT_MAX`] words, then top-k (`k`)
+/// keeps the ranks below `k` and top-p (`top_p`) the ranks whose exclusive
+/// mass, summed in rank order, is below `top_p` times the top-k survivors'
+/// mass (`total_mass`, every min-p survivor's, without top-k; unused with
+/// top-k), and at least one. Returns the cut and the kept ranks. The one
+/// rule of [`sort_cut`] and the slab kernels ([`slab_select`]).
+///
+/// # Safety
+/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
+/// memory; the order words are written and visible to the block (a
+/// barrier since).
+#[inline(always)]
+unsafe fn ranked_cut(
+    n: u32,
+    k: Option<u32>,
+    top_p: Option<f32>,
+    w: Weights,
+    total_mass: f64,
+    smem: *mut u8,
+) -> (Cut, u32) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: ranks below n (at most SORT_MAX) of the arrays, inside the
+    // room (const assert); a barrier between the masses' writes and their
+    // reads; block scans as their contracts.
+    unsafe {
+        let (order, mass) = sorted_arrays(smem);
         let mut r = tid;
         while r < n {
             let key = (*order.add(r as usize) >> 32) as u32;
@@ -1992,41 +2143,51 @@ unsafe fn sort_cut(
     }
 }
 
-/// The sorted order words and masses of [`sort_cut`]: the list's room,
+/// The sorted order words and masses of [`ranked_cut`]: the list's room,
 /// its first [`SORT_MAX`] words, then as many masses.
-#[inline(always)]
-fn sorted_arrays(l: List) -> (*mut u64, *mut f64) {
-    let order = l.entries as *mut u64;
-    // SAFETY (of the offset): inside the list's room (const assert).
-    (order, unsafe { order.add(SORT_MAX as usize) } as *mut f64)
-}
-
-/// The sum of the masses of the `kept` first ranks of [`sort_cut`]
-/// (`mass`: its masses), to every thread, in a fixed order.
 ///
 /// # Safety
-/// As [`block_reduce`]; [`sort_cut`] wrote at least `kept` masses and
-/// nothing has written them since.
+/// `smem` is the selection kernels' dynamic shared memory.
 #[inline(always)]
-unsafe fn sorted_mass(kept: u32, mass: *const f64, smem: *mut u8) -> f64 {
+unsafe fn sorted_arrays(smem: *mut u8) -> (*mut u64, *mut f64) {
+    // SAFETY: inside the list's room (const assert; caller's contract).
+    unsafe {
+        let order = list_room(smem);
+        (order, order.add(SORT_MAX as usize) as *mut f64)
+    }
+}
+
+/// The sum of the masses of the `kept` first ranks of [`ranked_cut`], to
+/// every thread, in a fixed order.
+///
+/// # Safety
+/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
+/// memory; [`ranked_cut`] wrote at least `kept` masses there and nothing
+/// has written them since.
+#[inline(always)]
+unsafe fn sorted_mass(kept: u32, smem: *mut u8) -> f64 {
     // SAFETY: ranks below kept (caller's contract); the scan's slots.
-    unsafe { block_exclusive_scan_f64(run_mass(mass, my_ranks(kept), kept), smem as *mut f64).1 }
+    unsafe {
+        let (_, mass) = sorted_arrays(smem);
+        block_exclusive_scan_f64(run_mass(mass, my_ranks(kept), kept), smem as *mut f64).1
+    }
 }
 
 /// The draw of [`sample_row`] over the `kept` first ranks of
-/// [`sort_cut`]: the index of the first rank whose cumulative mass, summed
-/// in rank order, exceeds `u` times the kept mass (the last kept rank when
-/// rounding leaves none).
+/// [`ranked_cut`]: the index of the first rank whose cumulative mass,
+/// summed in rank order, exceeds `u` times the kept mass (the last kept
+/// rank when rounding leaves none).
 ///
 /// # Safety
-/// As [`block_reduce`]; [`sort_cut`] made `kept` (at least 1) ranks of `l`
-/// and nothing has written its arrays since.
+/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
+/// memory; [`ranked_cut`] made `kept` (at least 1) ranks there and nothing
+/// has written its arrays since.
 #[inline(always)]
-unsafe fn sorted_draw(l: List, kept: u32, u: f32, smem: *mut u8) -> u32 {
-    let (order, mass) = sorted_arrays(l);
+unsafe fn sorted_draw(kept: u32, u: f32, smem: *mut u8) -> u32 {
     // SAFETY: ranks below kept (at most SORT_MAX) of the arrays; block
     // scans and reductions as their contracts.
     unsafe {
+        let (order, mass) = sorted_arrays(smem);
         let (r0, per) = my_ranks(kept);
         let sum = run_mass(mass, (r0, per), kept);
         let (excl, total) = block_exclusive_scan_f64(sum, smem as *mut f64);
@@ -2171,7 +2332,7 @@ unsafe fn stats_chunk(row: Row, c: u32, shift: f32, slots: Slots, smem: *mut u8)
 #[inline(always)]
 fn row_plan(stats: &RowStats, shift: f32, vocab: u32, params: Params) -> RowPlan {
     if stats.is_valid() {
-        let plan = plan_of(stats, shift, vocab, params);
+        let plan = Plan::new(stats, shift, vocab, &row_params(params));
         let min_key = plan.weights.min_p_key();
         RowPlan {
             plan,
@@ -2834,17 +2995,10 @@ unsafe fn mask_row(
     unsafe {
         let (sel, src) = select(row, slots, view, smem);
         let (cut, w) = (sel.cut, sel.weights);
-        // A sorted list's kept set is its first ranks (and its entries are
-        // gone); else count the kept elements.
-        let (n, mass) = if let Some(l) = src.list
-            && sel.ranked > 0
-        {
-            let mass = if with_mass {
-                sorted_mass(sel.ranked, sorted_arrays(l).1, smem)
-            } else {
-                0.0
-            };
-            (sel.ranked, mass)
+        // A ranked cut's kept set is its first ranks (and a list's entries
+        // are gone); else count the kept elements.
+        let (n, mass) = if sel.ranked > 0 {
+            ranked_kept(sel.ranked, with_mass, smem)
         } else {
             let mut g = Group::EMPTY;
             src.for_each(|key, i, x| {
@@ -2859,12 +3013,44 @@ unsafe fn mask_row(
             let g = block_reduce(g, smem as *mut Group);
             (g.n, g.mass)
         };
-        if arch::thread_idx_x() == 0 {
+        // The lists hold every kept element when the selection read them.
+        store_cut(slots, kept, cut, n, src.list.is_some(), mass);
+    }
+}
+
+/// The kept count and (`with_mass`) mass of a ranked cut's `ranked` kept
+/// ranks ([`sorted_mass`]; else 0), to every thread.
+///
+/// # Safety
+/// As [`sorted_mass`].
+#[inline(always)]
+unsafe fn ranked_kept(ranked: u32, with_mass: bool, smem: *mut u8) -> (u32, f64) {
+    let mass = if with_mass {
+        // SAFETY: forwarded.
+        unsafe { sorted_mass(ranked, smem) }
+    } else {
+        0.0
+    };
+    (ranked, mass)
+}
+
+/// A mask kernel's outputs for a row (thread 0 writes them): its kept
+/// count `n` to `*kept`, its cut to its slot, with whether the cut came
+/// from the lists (`from_lists`: they then hold every kept element, read
+/// by [`kept_bits`]) and the kept mass as f32 bits.
+///
+/// # Safety
+/// `kept` is writable; `slots` are the row's.
+#[inline(always)]
+unsafe fn store_cut(slots: Slots, kept: *mut u32, cut: Cut, n: u32, from_lists: bool, mass: f64) {
+    if arch::thread_idx_x() == 0 {
+        // SAFETY: caller's contract.
+        unsafe {
             *kept = n;
             let out = slots.cut();
             *out = cut.key;
             *out.add(1) = cut.index_end;
-            *out.add(2) = u32::from(src.list.is_some());
+            *out.add(2) = u32::from(from_lists);
             *out.add(3) = (mass as f32).to_bits();
         }
     }
@@ -3324,27 +3510,18 @@ unsafe fn sample_row(
     valid: *mut u8,
     smem: *mut u8,
 ) {
-    let tid = arch::thread_idx_x();
     // SAFETY: the caller's contract covers every access; control flow
     // depends only on block-reduced values (uniform).
     unsafe {
         let (sel, src) = select(row, slots, view, smem);
         if !sel.valid {
-            if tid == 0 {
-                *token_out = 0;
-                *valid = 0;
-            }
+            store_token(token_out, valid, None, row.n);
             return;
         }
-        let u = noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0));
-        if let Some(l) = src.list
-            && sel.ranked > 0
-        {
-            let token = sorted_draw(l, sel.ranked, u, smem);
-            if tid == 0 {
-                *token_out = if token < row.n { token } else { 0 };
-                *valid = 1;
-            }
+        let u = row_uniform(seed, offset);
+        if sel.ranked > 0 {
+            let token = sorted_draw(sel.ranked, u, smem);
+            store_token(token_out, valid, Some(token), row.n);
             return;
         }
         let cut = sel.cut;
@@ -3395,10 +3572,246 @@ unsafe fn sample_row(
         } else {
             !tie_index(src, key, take, count, kept, smem)
         };
-        if tid == 0 {
-            *token_out = if token < row.n { token } else { 0 };
-            *valid = 1;
+        store_token(token_out, valid, Some(token), row.n);
+    }
+}
+
+/// A row's uniform draw in `(0, 1)`: `uniform_open(row_uniform_bits(
+/// seed_key(seed), offset, 0))`.
+#[inline(always)]
+fn row_uniform(seed: u64, offset: u64) -> f32 {
+    noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0))
+}
+
+/// A sample kernel's outputs for a row of `n` elements (thread 0 writes
+/// them): `token` (0 when it is not below `n`) and valid 1, or token 0
+/// and valid 0 for `None` (a row with nothing finite and no +inf).
+///
+/// # Safety
+/// `token_out` and `valid` are writable.
+#[inline(always)]
+unsafe fn store_token(token_out: *mut u32, valid: *mut u8, token: Option<u32>, n: u32) {
+    if arch::thread_idx_x() == 0 {
+        // SAFETY: caller's contract.
+        unsafe {
+            *token_out = token.filter(|&t| t < n).unwrap_or(0);
+            *valid = u8::from(token.is_some());
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The slab route: the top-k found by a radix select.
+// ---------------------------------------------------------------------------
+
+/// A radix select's per-row top-k ([`crate::radix_select`]): row `r`'s
+/// `counts[r]` (1 to [`RANKED_MAX_K`]) entries from `r * RANKED_MAX_K` on,
+/// in the total order (value descending, then index ascending): `values`
+/// (f32 logits, NaN turned into -inf) and `indices` (token indices).
+#[derive(Clone, Copy)]
+struct Slab {
+    values: *const f32,
+    indices: *const u32,
+    counts: *const u32,
+}
+
+/// Row `r`'s [`Selected`] from its slab, the very result of [`select`] on
+/// the row's logits when its top-k keeps at most [`RANKED_MAX_K`]: the row
+/// is valid when its slab's first value (its largest logit,
+/// [`RowStats::max`]) is above -inf; its truncation is [`Plan::new`]'s
+/// ([`Truncation::new`] with that value as the maximum); its candidates,
+/// min-p's survivors among the slab's entries (a prefix: min-p keeps a
+/// prefix of the total order, the largest logit always), are written as
+/// order words ([`order_of`]) at the start of the list's room, already
+/// sorted, and [`ranked_cut`] cuts them. A count outside `1 ..=
+/// RANKED_MAX_K` is taken as the nearest bound, so nothing is read or
+/// written out of bounds; a row whose top-k does not cut or keeps more
+/// than its count (both ruled out by the launch contract) is invalid.
+///
+/// # Safety
+/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
+/// memory, unused so far; the slab holds row `r`.
+#[inline(always)]
+unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut u8) -> Selected {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the slab's entries below RANKED_MAX_K of row r (caller's
+    // contract); the order words below RANKED_MAX_K <= SORT_MAX, inside the
+    // list's room; the scan's barriers between their writes and
+    // `ranked_cut`'s reads; control flow uniform (the first value, the
+    // count and the scan's total are).
+    unsafe {
+        let at = r as usize * RANKED_MAX_K as usize;
+        let (values, indices) = (slab.values.add(at), slab.indices.add(at));
+        let max = *values;
+        let Truncation {
+            k,
+            topk,
+            top_p,
+            topp,
+            weights: w,
+        } = Truncation::new(max, vocab, &row_params(params));
+        let count = (*slab.counts.add(r as usize)).clamp(1, RANKED_MAX_K);
+        // A row whose top-k the slab does not hold (top-k off, or above
+        // the count the caller's bound let the select keep) breaks the
+        // launch contract: it comes out invalid, never truncated wrongly.
+        if max.is_nan() || max == f32::NEG_INFINITY || !topk || k > count {
+            return Selected {
+                cut: Cut::NONE,
+                weights: w,
+                valid: false,
+                ranked: 0,
+            };
+        }
+        let min_key = w.min_p_key();
+        let (order, _) = sorted_arrays(smem);
+        let (mut mine, mut q) = (0u32, tid);
+        while q < count {
+            let key = f32_key((*values.add(q as usize)).to_bits());
+            if key >= min_key {
+                let entry = u64::from(key) | (u64::from(*indices.add(q as usize)) << 32);
+                *order.add(q as usize) = order_of(entry);
+                mine += 1;
+            }
+            q += ROW_THREADS;
+        }
+        let (_, n) = block_exclusive_scan(mine, smem as *mut u32);
+        // Top-k always cuts here (`top_k` below `vocab`): the candidates'
+        // total mass, which only top-p without top-k reads, is not needed.
+        let (cut, ranked) = ranked_cut(n, topk.then_some(k), topp.then_some(top_p), w, 0.0, smem);
+        Selected {
+            cut,
+            weights: w,
+            valid: true,
+            ranked,
+        }
+    }
+}
+
+/// [`topk_topp_mask_f32`] on the slab route: each row's kept set from the
+/// top-k a radix select wrote to its slab ([`slab_select`]; bit-identical
+/// to the selection kernels' on the same row), written as
+/// [`topk_topp_mask_f32`] writes it (the cut, `from_lists` 0, the kept
+/// count and, when `with_mass` is not 0, the kept mass) and the row's
+/// weights into its plan slot, so that [`topk_topp_apply_f32`],
+/// [`topk_topp_renorm_f32`] or [`topk_topp_kept_count_f32`] and
+/// [`topk_topp_kept_write_f32`] follow it with the same `(vocab, batch,
+/// ws)`, no other pass before it.
+///
+/// # Launch
+/// Grid `(batch, 1, 1)`, block [`ROW_THREADS`], [`TOPK_TOPP_SMEM_BYTES`] of
+/// dynamic shared memory; row `r = blockIdx.x`.
+///
+/// # Safety
+/// `slab_values` and `slab_indices` hold `batch * RANKED_MAX_K` elements
+/// and `slab_counts` `batch`, as the radix select wrote them: row `r`'s
+/// count `clamp(top_k[r], 1, min(vocab, RANKED_MAX_K))` and its entries in
+/// the total order, NaN turned into -inf; every row's `top_k` is in `1
+/// ..= RANKED_MAX_K` and below `vocab`; `top_k`, `top_p`, `min_p`,
+/// `temperature` and `kept` hold `batch` elements; `ws` holds
+/// [`TopkToppLayout::words`] words for (batch, vocab), used by no other
+/// work meanwhile; the radix select has completed; no other thread of the
+/// device writes them during the launch.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_slab_mask_f32(
+    slab_values: *const f32,
+    slab_indices: *const u32,
+    slab_counts: *const u32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    kept: *mut u32,
+    vocab: u32,
+    batch: u32,
+    ws: *mut u64,
+    with_mass: u32,
+) {
+    pass_start();
+    let r = arch::block_idx_x();
+    if r >= batch {
+        return;
+    }
+    // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let slab = Slab {
+        values: slab_values,
+        indices: slab_indices,
+        counts: slab_counts,
+    };
+    // SAFETY: the launch contract covers every access; control flow
+    // depends only on block-uniform values.
+    unsafe {
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        let slots = Slots::new(ws, batch, vocab, r);
+        let sel = slab_select(slab, r, params, vocab, smem);
+        let (n, mass) = if sel.valid {
+            ranked_kept(sel.ranked, with_mass != 0, smem)
+        } else {
+            (0, 0.0)
+        };
+        // The renormalising pass reads the weights from the plan slot.
+        if arch::thread_idx_x() == 0 {
+            (*slots.plan()).plan.weights = sel.weights;
+        }
+        store_cut(slots, kept.add(r as usize), sel.cut, n, false, mass);
+    }
+}
+
+/// [`topk_topp_sample_f32`] on the slab route: each row's token drawn from
+/// the kept set of [`slab_select`] as [`topk_topp_sample_f32`] draws it
+/// from a ranked cut ([`sorted_draw`], `u = uniform_open(row_uniform_bits(
+/// seed_key(seed), offset, 0))`): the same token on the same row. `valid =
+/// 0` and token 0 for a row with nothing finite and no +inf.
+///
+/// # Launch
+/// As [`topk_topp_slab_mask_f32`].
+///
+/// # Safety
+/// As [`topk_topp_slab_mask_f32`], with `seed`, `offset`, `tokens` and
+/// `valid` (`batch` elements each) instead of `kept` and `ws`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn topk_topp_slab_sample_f32(
+    slab_values: *const f32,
+    slab_indices: *const u32,
+    slab_counts: *const u32,
+    top_k: *const u32,
+    top_p: *const f32,
+    min_p: *const f32,
+    temperature: *const f32,
+    seed: *const u64,
+    offset: *const u64,
+    tokens: *mut u32,
+    valid: *mut u8,
+    vocab: u32,
+    batch: u32,
+) {
+    pass_start();
+    let r = arch::block_idx_x();
+    if r >= batch {
+        return;
+    }
+    // Typed as u64 for its 8-byte alignment (f64 and u64 slots).
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    let slab = Slab {
+        values: slab_values,
+        indices: slab_indices,
+        counts: slab_counts,
+    };
+    // SAFETY: the launch contract covers every access; control flow
+    // depends only on block-uniform values.
+    unsafe {
+        let params = read_params(r as usize, top_k, top_p, min_p, temperature);
+        let sel = slab_select(slab, r, params, vocab, smem);
+        let r = r as usize;
+        let token = if sel.valid {
+            let u = row_uniform(*seed.add(r), *offset.add(r));
+            Some(sorted_draw(sel.ranked, u, smem))
+        } else {
+            None
+        };
+        store_token(tokens.add(r), valid.add(r), token, vocab);
     }
 }
 
