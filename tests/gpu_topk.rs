@@ -1226,6 +1226,48 @@ fn topk_radix_route_matches_the_chunked_passes() {
     report.assert_none("top-k/top-p radix route against the chunked passes");
 }
 
+/// Masks the rows of `b` (V = 4099) laid 5000 apart on the GPU and checks
+/// each row against the reference and that the gaps between rows keep
+/// their NaN; returns the strided logits (before masking) and their shape.
+fn check_strided_mask(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    b: &Batch,
+    ws: &mut Workspace,
+    report: &mut Mismatches,
+    what: &str,
+) -> (Vec<f32>, Rows) {
+    let (batch, vocab, stride) = (b.rows.batch, b.rows.vocab, 5000);
+    let mut logits = vec![f32::NAN; (batch - 1) * stride + vocab];
+    for r in 0..batch {
+        logits[r * stride..r * stride + vocab].copy_from_slice(b.row(r));
+    }
+    let params = b.upload(stream);
+    let mut d = stream.clone_htod(&logits).unwrap();
+    let mut kept = stream.alloc_zeros::<u32>(batch).unwrap();
+    let rows = Rows {
+        batch,
+        vocab,
+        row_stride: stride,
+    };
+    dev.top_k_top_p_mask_logits(stream, &mut d.as_view_mut(), rows, &params, &mut kept, ws)
+        .unwrap();
+    let masked = stream.clone_dtoh(&d).unwrap();
+    let kept = stream.clone_dtoh(&kept).unwrap();
+    for r in 0..batch {
+        let m = &masked[r * stride..r * stride + vocab];
+        let res = check_masked_row(b.row(r), &b.params[r], m, kept[r]);
+        report.check(res.is_ok(), || format!("{what}: strided row {r}: {res:?}"));
+        if r + 1 < batch {
+            let gap = &masked[r * stride + vocab..(r + 1) * stride];
+            report.check(gap.iter().all(|x| x.is_nan()), || {
+                format!("{what}: strided row {r}: the gap after the row was written")
+            });
+        }
+    }
+    (logits, rows)
+}
+
 /// Masking and sampling over tiny, small and large vocabularies and a
 /// strided view; the bundle runs this under compute-sanitizer.
 #[test]
@@ -1371,43 +1413,7 @@ fn sanitize_topk_paths() {
     if radix.filter_ctas_per_sm > 0 {
         ws.force_topk_topp_route(Some(TopkToppRoute::Radix(Route::Filter)));
         let b = Batch::random(&mut rng, 3, 4099).slab_top_k(&mut rng);
-        let stride = 5000;
-        let mut logits = vec![f32::NAN; 2 * stride + 4099];
-        for r in 0..3 {
-            logits[r * stride..r * stride + 4099].copy_from_slice(b.row(r));
-        }
-        let params = b.upload(&stream);
-        let mut d = stream.clone_htod(&logits).unwrap();
-        let mut kept = stream.alloc_zeros::<u32>(3).unwrap();
-        let rows = Rows {
-            batch: 3,
-            vocab: 4099,
-            row_stride: stride,
-        };
-        dev.top_k_top_p_mask_logits(
-            &stream,
-            &mut d.as_view_mut(),
-            rows,
-            &params,
-            &mut kept,
-            &mut ws,
-        )
-        .unwrap();
-        let masked = stream.clone_dtoh(&d).unwrap();
-        let kept = stream.clone_dtoh(&kept).unwrap();
-        for r in 0..3 {
-            let m = &masked[r * stride..r * stride + 4099];
-            let res = check_masked_row(b.row(r), &b.params[r], m, kept[r]);
-            report.check(res.is_ok(), || {
-                format!("radix route, strided row {r}: {res:?}")
-            });
-            if r < 2 {
-                let gap = &masked[r * stride + 4099..(r + 1) * stride];
-                report.check(gap.iter().all(|x| x.is_nan()), || {
-                    format!("radix route, strided row {r}: the gap after the row was written")
-                });
-            }
-        }
+        check_strided_mask(&dev, &stream, &b, &mut ws, &mut report, "radix route");
         let b = Batch::random(&mut rng, 5, 4099).slab_top_k(&mut rng);
         check_half_batch::<half::bf16>(&dev, &stream, &b, &mut ws, &mut report);
         let filter = if b.params.iter().all(|p| p.top_k <= FILTER_SMALL_MAX_K) {
@@ -1421,41 +1427,8 @@ fn sanitize_topk_paths() {
     ws.force_topk_topp_route(None);
     // A strided view: rows 5000 apart, 4099 used.
     let b = Batch::random(&mut rng, 3, 4099);
-    let stride = 5000;
-    let mut logits = vec![f32::NAN; 2 * stride + 4099];
-    for r in 0..3 {
-        logits[r * stride..r * stride + 4099].copy_from_slice(b.row(r));
-    }
+    let (logits, rows) = check_strided_mask(&dev, &stream, &b, &mut ws, &mut report, "planned");
     let params = b.upload(&stream);
-    let mut d = stream.clone_htod(&logits).unwrap();
-    let mut kept = stream.alloc_zeros::<u32>(3).unwrap();
-    let rows = Rows {
-        batch: 3,
-        vocab: 4099,
-        row_stride: stride,
-    };
-    dev.top_k_top_p_mask_logits(
-        &stream,
-        &mut d.as_view_mut(),
-        rows,
-        &params,
-        &mut kept,
-        &mut ws,
-    )
-    .unwrap();
-    let masked = stream.clone_dtoh(&d).unwrap();
-    let kept = stream.clone_dtoh(&kept).unwrap();
-    for r in 0..3 {
-        let m = &masked[r * stride..r * stride + 4099];
-        let res = check_masked_row(b.row(r), &b.params[r], m, kept[r]);
-        report.check(res.is_ok(), || format!("strided row {r}: {res:?}"));
-        if r < 2 {
-            let gap = &masked[r * stride + 4099..(r + 1) * stride];
-            report.check(gap.iter().all(|x| x.is_nan()), || {
-                format!("strided row {r}: the gap after the row was written")
-            });
-        }
-    }
     let strided_route = dev.topk_topp_route(rows, &params).unwrap();
     coverage.case(&[match strided_route {
         TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
