@@ -100,12 +100,45 @@ pub fn composite_index(key: u64) -> u32 {
     !(key as u32)
 }
 
-/// The first pass's digit of any key with clean bits `bits`: the top
-/// [`DIGIT_BITS`] of the key are value bits 30..20 (the streaming pass
-/// needs no index).
+/// The composite key of a logit's [`f32_key`] `key` (all 32 bits carry
+/// order) at `index` (below 2^31; rows hold at most
+/// [`crate::sample::MAX_VOCAB`] elements): the key above 31 index bits, so
+/// that it keeps to the [`KEY_BITS`] of [`composite`]'s, whose passes,
+/// digits and [`RadixSelect`] it shares. Orders as [`composite`]: larger
+/// key first, then lower index.
+///
+/// [`f32_key`]: crate::radix::f32_key
 #[inline(always)]
-pub fn first_digit(bits: u32) -> u32 {
-    bits >> (KEY_BITS - DIGIT_BITS - 32)
+pub fn logit_composite(key: u32, index: u32) -> u64 {
+    (u64::from(key) << 31) | u64::from(!index & 0x7fff_ffff)
+}
+
+/// The [`crate::radix::f32_key`] of a [`logit_composite`] key.
+#[inline(always)]
+pub fn logit_composite_key(c: u64) -> u32 {
+    (c >> 31) as u32
+}
+
+/// The index of a [`logit_composite`] key.
+#[inline(always)]
+pub fn logit_composite_index(c: u64) -> u32 {
+    !(c as u32) & 0x7fff_ffff
+}
+
+/// Bits 63..32 of a composite key of either kind ([`composite`]'s clean
+/// bits, [`logit_composite`]'s key but its last bit): what
+/// [`first_digit`] and [`RadixSelect::within_bits`] read.
+#[inline(always)]
+pub fn high_word(c: u64) -> u32 {
+    (c >> 32) as u32
+}
+
+/// The first pass's digit of any key whose [`high_word`] is `high`: the
+/// top [`DIGIT_BITS`] of the key (for probabilities value bits 30..20,
+/// for logits key bits 31..21; the streaming pass needs no index).
+#[inline(always)]
+pub fn first_digit(high: u32) -> u32 {
+    high >> (KEY_BITS - DIGIT_BITS - 32)
 }
 
 /// The logit the pivot route samples for a probability: `ln` of its clean
@@ -195,8 +228,8 @@ impl RadixSelect {
         }
     }
 
-    /// A select of the top `k` (>= 1) among keys whose clean bits all lie
-    /// in `lo_bits..=hi_bits`: the leading key bits both bounds share are
+    /// A select of the top `k` (>= 1) among keys whose [`high_word`]s all
+    /// lie in `lo_bits..=hi_bits`: the leading key bits both bounds share are
     /// fixed, and the first pass counts the [`DIGIT_BITS`] below them.
     /// Those keys spread over many buckets where [`RadixSelect::new`]'s
     /// first digit (value bits 30..20) puts a filter buffer's keys, all
@@ -924,6 +957,58 @@ mod tests {
                 _ => 0.5 + (rng.below(1 << 12) as f32) * 1.0e-7,
             })
             .collect()
+    }
+
+    #[test]
+    fn logit_keys_fit_the_passes_and_follow_value_then_index() {
+        use crate::radix::{f32_from_key, f32_key};
+        let mut rng = Lcg(0x5eed);
+        let specials = [
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            1.0e-45,
+            -1.0e-45,
+            1.0,
+            -1.0,
+        ];
+        let mut values: Vec<f32> = specials.to_vec();
+        values.extend((0..2000).map(|_| f32::from_bits(rng.next() << 1 | rng.next() & 1)));
+        let max_index = (crate::sample::MAX_VOCAB - 1) as u32;
+        for (i, &a) in values.iter().enumerate() {
+            let key = f32_key(a.to_bits());
+            let index = if i % 2 == 0 {
+                rng.below(1 << 20)
+            } else {
+                max_index
+            };
+            let c = logit_composite(key, index);
+            assert!(c < 1 << KEY_BITS, "{a}");
+            assert_eq!(logit_composite_key(c), key);
+            assert_eq!(logit_composite_index(c), index);
+            assert_eq!(f32_from_key(logit_composite_key(c)), f32_from_key(key));
+            let digit = first_digit(high_word(c));
+            assert!(digit < BUCKETS);
+            assert_eq!(RadixSelect::new(1).digit(c), Some(digit));
+            // Against the next value: larger value first (NaN as -inf,
+            // -0.0 below +0.0 as the keys order them), then lower index.
+            let b = values[(i + 1) % values.len()];
+            let other = logit_composite(f32_key(b.to_bits()), index ^ 1);
+            let (ka, kb) = (f32_key(a.to_bits()), f32_key(b.to_bits()));
+            let want = ka.cmp(&kb).then((index ^ 1).cmp(&index));
+            assert_eq!(
+                c.cmp(&other),
+                want,
+                "{a} at {index} vs {b} at {}",
+                index ^ 1
+            );
+            if !a.is_nan() && !b.is_nan() && a != b {
+                assert_eq!(c > other, a > b, "{a} vs {b}");
+            }
+        }
     }
 
     #[test]

@@ -79,8 +79,8 @@ use crate::radix_select::{
     MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
     RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
     draw_target, filter_compaction, filter_direct, filter_final_fit, filter_pushes, first_digit,
-    fixed_mass, prob_bits, prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps,
-    top_p_threshold,
+    fixed_mass, high_word, logit_composite, logit_composite_index, logit_composite_key, prob_bits,
+    prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -113,6 +113,16 @@ trait Keys {
     const DRAWS: bool;
     /// The clean bits of an element stored as `raw`.
     fn clean(raw: u32) -> u32;
+    /// The composite key (of [`KEY_BITS`] bits: larger clean bits first,
+    /// then lower index) of clean bits `bits` at `index`.
+    fn composite(bits: u32, index: u32) -> u64;
+    /// The clean bits of a composite key.
+    fn bits(key: u64) -> u32;
+    /// The index of a composite key.
+    fn index(key: u64) -> u32;
+    /// The [`high_word`] of the keys with clean bits `bits`, for
+    /// [`first_digit`].
+    fn high(bits: u32) -> u32;
     /// Whether the filter's pushes against threshold `t` need the exact
     /// test (the slot's validity and its composite key).
     fn exact_push(t: u64) -> bool;
@@ -135,6 +145,22 @@ impl Keys for Probs {
     #[inline(always)]
     fn clean(raw: u32) -> u32 {
         prob_bits(f32::from_bits(raw))
+    }
+    #[inline(always)]
+    fn composite(bits: u32, index: u32) -> u64 {
+        composite(bits, index)
+    }
+    #[inline(always)]
+    fn bits(key: u64) -> u32 {
+        composite_bits(key)
+    }
+    #[inline(always)]
+    fn index(key: u64) -> u32 {
+        composite_index(key)
+    }
+    #[inline(always)]
+    fn high(bits: u32) -> u32 {
+        bits
     }
     #[inline(always)]
     fn exact_push(t: u64) -> bool {
@@ -173,10 +199,27 @@ impl Keys for Logits {
         f32_key(raw)
     }
     #[inline(always)]
+    fn composite(bits: u32, index: u32) -> u64 {
+        logit_composite(bits, index)
+    }
+    #[inline(always)]
+    fn bits(key: u64) -> u32 {
+        logit_composite_key(key)
+    }
+    #[inline(always)]
+    fn index(key: u64) -> u32 {
+        logit_composite_index(key)
+    }
+    #[inline(always)]
+    fn high(bits: u32) -> u32 {
+        // `high_word(logit_composite(bits, _))`.
+        bits >> 1
+    }
+    #[inline(always)]
     fn exact_push(t: u64) -> bool {
         // At or below -inf's key the float test would miss NaN (whose key
         // is -inf's); at +0.0's it would pass -0.0, whose key is below.
-        let b = composite_bits(t);
+        let b = logit_composite_key(t);
         b <= NEG_INF_KEY || b == POS_ZERO_KEY
     }
     #[inline(always)]
@@ -184,7 +227,7 @@ impl Keys for Logits {
         // One float comparison: `t`'s clean bits lie above -inf's key and
         // are not +0.0's, so the floats `>=` its value are exactly the keys
         // `>=` its bits, and NaN (pads included) fails.
-        f32::from_bits(raw) >= f32::from_bits(f32_from_key(composite_bits(t)))
+        f32::from_bits(raw) >= f32::from_bits(f32_from_key(logit_composite_key(t)))
     }
     #[inline(always)]
     fn value(bits: u32) -> f32 {
@@ -871,7 +914,7 @@ impl<K: Keys> Chunk<K> {
     #[inline(always)]
     fn key(&self, s: u32, bits: u32) -> Option<u64> {
         if self.valid(s) {
-            Some(composite(bits, self.first.wrapping_add(s)))
+            Some(K::composite(bits, self.first.wrapping_add(s)))
         } else {
             None
         }
@@ -974,16 +1017,16 @@ unsafe fn stream_pass<K: Keys>(chunk: &Chunk<K>, smem: Smem, hist: *mut u32) {
         }
         let s = 4 * g;
         if chunk.valid(s) {
-            counter.add(first_digit(v[0]));
+            counter.add(first_digit(K::high(v[0])));
         }
         if chunk.valid(s + 1) {
-            counter.add(first_digit(v[1]));
+            counter.add(first_digit(K::high(v[1])));
         }
         if chunk.valid(s + 2) {
-            counter.add(first_digit(v[2]));
+            counter.add(first_digit(K::high(v[2])));
         }
         if chunk.valid(s + 3) {
-            counter.add(first_digit(v[3]));
+            counter.add(first_digit(K::high(v[3])));
         }
     };
     // SAFETY: groups below `groups` only.
@@ -1279,7 +1322,7 @@ unsafe fn write_slab<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32) {
         while i < SLAB {
             let (value, index) = if i < k {
                 let key = *smem.gather().add(i as usize);
-                (K::value(composite_bits(key)), composite_index(key))
+                (K::value(K::bits(key)), K::index(key))
             } else {
                 (0.0, u32::MAX)
             };
@@ -1362,11 +1405,11 @@ unsafe fn draw_row<K: Keys>(
     // SAFETY: the launch contract; slab positions below k <= SLAB; the
     // control word is written before a barrier and read after it.
     unsafe {
-        let top = composite_bits(*buf);
+        let top = K::bits(*buf);
         let (i0, i1) = (2 * t, 2 * t + 1);
         let mass = |i: u32| {
             if i < k {
-                fixed_mass(composite_bits(*buf.add(i as usize)), top)
+                fixed_mass(K::bits(*buf.add(i as usize)), top)
             } else {
                 0
             }
@@ -1405,7 +1448,7 @@ unsafe fn draw_row<K: Keys>(
         let position = count(before);
         if t == 0 {
             let at = position.min(kept - 1);
-            *out.tokens.add(r) = composite_index(*buf.add(at as usize));
+            *out.tokens.add(r) = K::index(*buf.add(at as usize));
             *out.valid.add(r) = 1;
         }
     }
@@ -1660,7 +1703,7 @@ unsafe fn filter_push<K: Keys>(
     let lane = arch::thread_idx_x() % 32;
     let lower = (1u32 << lane) - 1;
     let buf = smem.candidates();
-    let key = |i: usize| composite(K::clean(v[i]), chunk.first.wrapping_add(filter_slot(r, i)));
+    let key = |i: usize| K::composite(K::clean(v[i]), chunk.first.wrapping_add(filter_slot(r, i)));
     let mut mask = 0u32;
     // SAFETY: positions below `cap`, inside the buffer (the launch
     // contract); the counter word is the caller's.
@@ -1706,7 +1749,7 @@ unsafe fn filter_push<K: Keys>(
                     let i = mask.trailing_zeros() as usize;
                     mask &= mask - 1;
                     if p < cap {
-                        *buf.add(p as usize) = composite(
+                        *buf.add(p as usize) = K::composite(
                             K::clean(pick_elem(v, i)),
                             chunk.first.wrapping_add(filter_slot(r, i)),
                         );
@@ -1782,11 +1825,11 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
                     top = top.max(K::clean(v[i]));
                 }
             });
-            counter.add(first_digit(top));
+            counter.add(first_digit(K::high(top)));
         } else {
             each_elem!(i, {
                 if chunk.valid(filter_slot(0, i)) {
-                    counter.add(first_digit(K::clean(v[i])));
+                    counter.add(first_digit(K::high(K::clean(v[i]))));
                 }
             });
         }
@@ -1846,7 +1889,7 @@ unsafe fn filter_narrow<const SMALL: bool>(
             let (mut lo, mut hi) = (u32::MAX, 0u32);
             let mut i = tid;
             while i < n {
-                let bits = composite_bits(*buf.add(i as usize));
+                let bits = high_word(*buf.add(i as usize));
                 lo = lo.min(bits);
                 hi = hi.max(bits);
                 i += THREADS;
