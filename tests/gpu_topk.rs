@@ -1393,7 +1393,11 @@ fn sanitize_topk_paths() {
             } else {
                 kernel
             };
-            coverage.case(&[kernel, "topk_topp_slab_mask_f32", "topk_topp_apply_f32"]);
+            coverage.case(&[
+                kernel,
+                "topk_topp_slab_mask_f32",
+                "topk_topp_slab_apply_f32",
+            ]);
             coverage.case(&[kernel, "topk_topp_slab_sample_f32"]);
             if route == Route::SingleCta {
                 check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
@@ -1421,7 +1425,11 @@ fn sanitize_topk_paths() {
         } else {
             "radix_topk_filter_logits_f32"
         };
-        coverage.case(&[filter, "topk_topp_slab_mask_f32", "topk_topp_apply_f32"]);
+        coverage.case(&[
+            filter,
+            "topk_topp_slab_mask_f32",
+            "topk_topp_slab_apply_f32",
+        ]);
         coverage.case(&[filter, "widen_rows_bf16", "narrow_rows_bf16"]);
     }
     ws.force_topk_topp_route(None);
@@ -1433,7 +1441,7 @@ fn sanitize_topk_paths() {
     coverage.case(&[match strided_route {
         TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
-        TopkToppRoute::Radix(_) => "topk_topp_slab_mask_f32",
+        TopkToppRoute::Radix(_) => "topk_topp_slab_apply_f32",
     }]);
     // The same strided rows into contiguous probabilities and kept sets.
     let d = stream.clone_htod(&logits).unwrap();

@@ -51,6 +51,7 @@ pub(crate) struct Kernels {
     pub topk_topp_cluster_mask_f32: CudaFunction,
     pub topk_topp_cluster_sample_f32: CudaFunction,
     pub topk_topp_slab_mask_f32: CudaFunction,
+    pub topk_topp_slab_apply_f32: CudaFunction,
     pub topk_topp_slab_sample_f32: CudaFunction,
 }
 
@@ -190,6 +191,7 @@ impl Device {
             topk_topp_cluster_mask_f32: f("topk_topp_cluster_mask_f32")?,
             topk_topp_cluster_sample_f32: f("topk_topp_cluster_sample_f32")?,
             topk_topp_slab_mask_f32: f("topk_topp_slab_mask_f32")?,
+            topk_topp_slab_apply_f32: f("topk_topp_slab_apply_f32")?,
             topk_topp_slab_sample_f32: f("topk_topp_slab_sample_f32")?,
         };
         let sm_count = ctx

@@ -94,6 +94,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "topk_topp_cluster_mask_f32",
     "topk_topp_cluster_sample_f32",
     "topk_topp_slab_mask_f32",
+    "topk_topp_slab_apply_f32",
     "topk_topp_slab_sample_f32",
     "radix_topk_cluster_f32",
     "radix_topk_coop_f32",

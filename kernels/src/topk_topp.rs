@@ -73,9 +73,11 @@
 //! The slab route: when every row's top-k keeps at most [`RANKED_MAX_K`],
 //! a radix select ([`crate::radix_select`]) can write each row's top-k to
 //! a slab instead of the passes above, and [`topk_topp_slab_mask_f32`]
-//! (followed by the same apply, renorm or kept-set passes) or
-//! [`topk_topp_slab_sample_f32`] cut it by the same rank-order rule: the
-//! same results as the selection kernels, bit for bit.
+//! (followed by the same renorm or kept-set passes, or by
+//! [`topk_topp_slab_apply_f32`], which marks the kept elements from the
+//! slab and so writes without reading) or [`topk_topp_slab_sample_f32`]
+//! cut it by the same rank-order rule: the same results as the selection
+//! kernels, bit for bit.
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
@@ -3141,6 +3143,41 @@ unsafe fn read_cut(slots: Slots) -> (Cut, bool) {
     }
 }
 
+/// The chunk passes' bitmap of a chunk's elements in shared memory,
+/// `TOPK_TOPP_CHUNK / 32` words after the reduction slots, cleared; ends
+/// with a block barrier (marks may follow: [`mark_bit`]).
+///
+/// # Safety
+/// Every thread of the block calls it; the shared memory holds
+/// [`TOPK_TOPP_CHUNK_SMEM_BYTES`] (the bitmap fits: const assert).
+#[inline(always)]
+unsafe fn cleared_bitmap(smem: *mut u8) -> *mut u32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let bits = smem.add(REDUCE_BYTES) as *mut u32;
+        let mut w = arch::thread_idx_x();
+        while w < TOPK_TOPP_CHUNK / 32 {
+            *bits.add(w as usize) = 0;
+            w += ROW_THREADS;
+        }
+        arch::bar_sync();
+        bits
+    }
+}
+
+/// Sets the bit of row element `i` (an element of `chunk`) in the chunk's
+/// bitmap `bits` ([`cleared_bitmap`]): bit `l % 32` of word `l / 32` for
+/// the chunk's element `l`.
+///
+/// # Safety
+/// `bits` is the block's cleared bitmap; `i` lies in the chunk.
+#[inline(always)]
+unsafe fn mark_bit(bits: *mut u32, chunk: Row, i: u32) {
+    let l = i - chunk.base;
+    // SAFETY: l below the chunk's length, inside the bitmap.
+    unsafe { arch::red_shared_add_u32(arch::smem_addr(bits.add((l / 32) as usize)), 1 << (l % 32)) }
+}
+
 /// Chunk `chunk` (chunk `c` of its row)'s kept elements under `cut` as a
 /// bitmap in shared memory, `TOPK_TOPP_CHUNK / 32` words after the
 /// reduction slots (bit `l % 32` of word `l / 32` for the chunk's element
@@ -3160,21 +3197,12 @@ unsafe fn kept_bits(
     smem: *mut u8,
 ) -> *mut u32 {
     let tid = arch::thread_idx_x();
-    // SAFETY: the bitmap inside the chunk passes' shared memory (const
-    // assert); list entries below the chunk's count and capacity; a
-    // barrier between the clearing and the marking, and after it.
+    // SAFETY: the bitmap inside the chunk passes' shared memory (the
+    // caller's contract); list entries below the chunk's count and
+    // capacity; a barrier after the marking.
     unsafe {
-        let bits = smem.add(REDUCE_BYTES) as *mut u32;
-        let mut w = tid;
-        while w < TOPK_TOPP_CHUNK / 32 {
-            *bits.add(w as usize) = 0;
-            w += ROW_THREADS;
-        }
-        arch::bar_sync();
-        let mark = |i: u32| {
-            let l = i - chunk.base;
-            arch::red_shared_add_u32(arch::smem_addr(bits.add((l / 32) as usize)), 1 << (l % 32));
-        };
+        let bits = cleared_bitmap(smem);
+        let mark = |i: u32| mark_bit(bits, chunk, i);
         if from_lists {
             let count = (*slots.count(c)).min(slots.lay.cap);
             let list = slots.list(c);
@@ -3755,6 +3783,68 @@ pub unsafe extern "ptx-kernel" fn topk_topp_slab_mask_f32(
             (*slots.plan()).plan.weights = sel.weights;
         }
         store_cut(slots, kept.add(r as usize), sel.cut, n, false, mass);
+    }
+}
+
+/// [`topk_topp_apply_f32`] on the slab route, after
+/// [`topk_topp_slab_mask_f32`]: writes -inf over one chunk's elements
+/// outside the row's kept set without reading them. The kept set is the
+/// first `kept[r]` entries of the row's slab (the cut is a prefix of the
+/// slab's total order), marked in the chunk's bitmap from their indices;
+/// kept elements are not written and keep their bits.
+///
+/// # Launch
+/// As [`topk_topp_apply_f32`] (a block per chunk, [`ROW_THREADS`],
+/// [`TOPK_TOPP_CHUNK_SMEM_BYTES`]).
+///
+/// # Safety
+/// `logits` holds `batch` writable rows of `vocab` f32 `row_stride` apart;
+/// `slab_indices` the slab's `batch * RANKED_MAX_K` indices and `kept`
+/// `batch` counts, as [`topk_topp_slab_mask_f32`] of this call (completed)
+/// left them; no other thread of the device writes them during the
+/// launch.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn topk_topp_slab_apply_f32(
+    logits: *mut f32,
+    vocab: u32,
+    row_stride: u64,
+    batch: u32,
+    slab_indices: *const u32,
+    kept: *const u32,
+) {
+    pass_start();
+    let chunks = TopkToppLayout::new(batch, vocab).chunks;
+    let b = arch::block_idx_x();
+    let (r, c) = (b / chunks, b % chunks);
+    if r >= batch {
+        return;
+    }
+    let smem = arch::dynamic_shared::<u64>() as *mut u8;
+    // SAFETY: the launch contract covers every access: the row's first
+    // `kept[r]` (at most RANKED_MAX_K) slab entries, indices below vocab;
+    // only elements of the chunk marked and written.
+    unsafe {
+        let row = logits.add(r as usize * row_stride as usize);
+        let chunk = Row::chunk(Row::whole(row, vocab), c);
+        let bits = cleared_bitmap(smem);
+        let n = (*kept.add(r as usize)).min(RANKED_MAX_K);
+        let indices = slab_indices.add(r as usize * RANKED_MAX_K as usize);
+        let mut j = arch::thread_idx_x();
+        while j < n {
+            let i = *indices.add(j as usize);
+            if i.wrapping_sub(chunk.base) < chunk.n {
+                mark_bit(bits, chunk, i);
+            }
+            j += ROW_THREADS;
+        }
+        arch::bar_sync();
+        write_chunk(
+            chunk.ptr as *mut f32,
+            chunk.n,
+            bits,
+            f32::NEG_INFINITY,
+            |_| None,
+        );
     }
 }
 
