@@ -168,7 +168,8 @@ pub enum TopkToppRoute {
     /// [`SLAB`] entries per row in the workspace: the probability
     /// sampler's stage 1 over the logits, [`crate::Route`]), then one block
     /// per row cuts min-p and top-p from it and draws (sampling) or writes
-    /// the cut (masking, then the chunked masking writes): calls whose
+    /// the cut (masking, then a block per chunk writes -inf outside the
+    /// slab's kept prefix without reading the logits): calls whose
     /// [`TruncParams::top_k_bound`] is at most [`SLAB`] and below the
     /// vocabulary, on any radix route but [`Route::Cooperative`] and
     /// [`Route::Pivot`]. The same results as the other routes, bit for bit.
