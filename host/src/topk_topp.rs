@@ -1144,7 +1144,8 @@ impl Device {
                 )
             }?;
         } else {
-            if let TopkToppRoute::Radix(radix) = route {
+            let indices = slab_ptrs(w, slab_at, krows.batch)[1];
+            let (apply, tail) = if let TopkToppRoute::Radix(radix) = route {
                 // SAFETY: the f32 rows at `l` hold `krows.min_len()`
                 // elements (the caller's, validated, or the workspace
                 // copy), `kept` and the parameters at least `batch`
@@ -1168,28 +1169,10 @@ impl Device {
                 }?;
                 // The kept sets are prefixes of the slab: the slab apply
                 // marks them from its indices and writes without reading.
-                let indices = slab_ptrs(w, slab_at, krows.batch)[1];
-                let mut apply_args = [
-                    kernel_arg(&l),
-                    kernel_arg(&vocab),
-                    kernel_arg(&stride),
-                    kernel_arg(&batch),
-                    kernel_arg(&indices),
-                    kernel_arg(&kp),
-                ];
-                // SAFETY: the arguments match `topk_topp_slab_apply_f32`'s
-                // signature: the f32 rows at `l` as above (writable), the
-                // slab's indices and `kept` (`batch` rows each) written by
-                // the slab cut launched just before on this stream.
-                unsafe {
-                    self.launch_pass(
-                        stream,
-                        &k.topk_topp_slab_apply_f32,
-                        chunk_per_block(&krows, &lay)?,
-                        true,
-                        &mut apply_args,
-                    )
-                }?;
+                (
+                    &k.topk_topp_slab_apply_f32,
+                    vec![kernel_arg(&indices), kernel_arg(&kp)],
+                )
             } else {
                 launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
                 // SAFETY: the f32 rows at `l` hold `krows.min_len()`
@@ -1199,25 +1182,30 @@ impl Device {
                 // above), all live cudarc buffers of this stream's
                 // context; the prefilter passes launched just before.
                 unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
-                let mut apply_args = [
-                    kernel_arg(&l),
-                    kernel_arg(&vocab),
-                    kernel_arg(&stride),
-                    kernel_arg(&batch),
-                    kernel_arg(&w),
-                ];
-                // SAFETY: as `launch_prefilter`'s passes, for
-                // `topk_topp_apply_f32`, after the selection on this stream.
-                unsafe {
-                    self.launch_pass(
-                        stream,
-                        &k.topk_topp_apply_f32,
-                        chunk_per_block(&krows, &lay)?,
-                        true,
-                        &mut apply_args,
-                    )
-                }?;
-            }
+                (&k.topk_topp_apply_f32, vec![kernel_arg(&w)])
+            };
+            let mut apply_args = vec![
+                kernel_arg(&l),
+                kernel_arg(&vocab),
+                kernel_arg(&stride),
+                kernel_arg(&batch),
+            ];
+            apply_args.extend(tail);
+            // SAFETY: the arguments match the kernel's signature, a block
+            // per chunk: `topk_topp_apply_f32` as `launch_prefilter`'s
+            // passes, after the selection on this stream;
+            // `topk_topp_slab_apply_f32` the f32 rows at `l` as above
+            // (writable) and the slab's indices and `kept` (`batch` rows
+            // each) written by the slab cut launched just before.
+            unsafe {
+                self.launch_pass(
+                    stream,
+                    apply,
+                    chunk_per_block(&krows, &lay)?,
+                    true,
+                    &mut apply_args,
+                )
+            }?;
         }
         narrow_back::<T>(self, stream, (l, krows), user, &rows)
     }

@@ -3113,13 +3113,27 @@ unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mu
             return;
         }
         let bits = kept_bits(chunk, c, slots, cut, true, smem);
+        mask_unmarked(chunk, bits);
+    }
+}
+
+/// Writes -inf over the elements of `chunk` whose bits are clear in its
+/// bitmap `bits` ([`cleared_bitmap`], marked); marked elements are not
+/// written and keep their bits. Ends with a block barrier.
+///
+/// # Safety
+/// As [`write_chunk`], `chunk` writable.
+#[inline(always)]
+unsafe fn mask_unmarked(chunk: Row, bits: *const u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
         write_chunk(
             chunk.ptr as *mut f32,
             chunk.n,
             bits,
             f32::NEG_INFINITY,
             |_| None,
-        );
+        )
     }
 }
 
@@ -3838,13 +3852,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_slab_apply_f32(
             j += ROW_THREADS;
         }
         arch::bar_sync();
-        write_chunk(
-            chunk.ptr as *mut f32,
-            chunk.n,
-            bits,
-            f32::NEG_INFINITY,
-            |_| None,
-        );
+        mask_unmarked(chunk, bits);
     }
 }
 
