@@ -5,7 +5,7 @@
 //! [`params`]) build for every target and are unit-tested on the CPU; the
 //! host crate's CPU backend calls the very same functions, so the device and
 //! the CPU draw bit-identical random numbers. The kernels themselves (and the
-//! [`arch`] wrappers of single PTX instructions) exist only when compiling
+//! `arch` wrappers of single PTX instructions) exist only when compiling
 //! for `nvptx64-nvidia-cuda`.
 #![no_std]
 #![allow(internal_features)]

@@ -3737,7 +3737,8 @@ unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut
 /// weights into its plan slot, so that [`topk_topp_apply_f32`],
 /// [`topk_topp_renorm_f32`] or [`topk_topp_kept_count_f32`] and
 /// [`topk_topp_kept_write_f32`] follow it with the same `(vocab, batch,
-/// ws)`, no other pass before it.
+/// ws)`, no other pass before it, or [`topk_topp_slab_apply_f32`] with its
+/// slab indices and `kept` (the one the host launches for masking).
 ///
 /// # Launch
 /// Grid `(batch, 1, 1)`, block [`ROW_THREADS`], [`TOPK_TOPP_SMEM_BYTES`] of
