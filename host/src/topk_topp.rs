@@ -1144,7 +1144,6 @@ impl Device {
                 )
             }?;
         } else {
-            let indices = slab_ptrs(w, slab_at, krows.batch)[1];
             let (apply, tail) = if let TopkToppRoute::Radix(radix) = route {
                 // SAFETY: the f32 rows at `l` hold `krows.min_len()`
                 // elements (the caller's, validated, or the workspace
@@ -1169,10 +1168,8 @@ impl Device {
                 }?;
                 // The kept sets are prefixes of the slab: the slab apply
                 // marks them from its indices and writes without reading.
-                (
-                    &k.topk_topp_slab_apply_f32,
-                    vec![kernel_arg(&indices), kernel_arg(&kp)],
-                )
+                let indices = slab_ptrs(w, slab_at, krows.batch)[1];
+                (&k.topk_topp_slab_apply_f32, vec![indices, kp])
             } else {
                 launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
                 // SAFETY: the f32 rows at `l` hold `krows.min_len()`
@@ -1182,7 +1179,7 @@ impl Device {
                 // above), all live cudarc buffers of this stream's
                 // context; the prefilter passes launched just before.
                 unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
-                (&k.topk_topp_apply_f32, vec![kernel_arg(&w)])
+                (&k.topk_topp_apply_f32, vec![w])
             };
             let mut apply_args = vec![
                 kernel_arg(&l),
@@ -1190,7 +1187,7 @@ impl Device {
                 kernel_arg(&stride),
                 kernel_arg(&batch),
             ];
-            apply_args.extend(tail);
+            apply_args.extend(tail.iter().map(kernel_arg));
             // SAFETY: the arguments match the kernel's signature, a block
             // per chunk: `topk_topp_apply_f32` as `launch_prefilter`'s
             // passes, after the selection on this stream;

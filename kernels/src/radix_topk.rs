@@ -120,9 +120,12 @@ trait Keys {
     fn bits(key: u64) -> u32;
     /// The index of a composite key.
     fn index(key: u64) -> u32;
-    /// The [`high_word`] of the keys with clean bits `bits`, for
-    /// [`first_digit`].
-    fn high(bits: u32) -> u32;
+    /// The [`high_word`] of the keys with clean bits `bits` (whatever the
+    /// index), for [`first_digit`].
+    #[inline(always)]
+    fn high(bits: u32) -> u32 {
+        high_word(Self::composite(bits, 0))
+    }
     /// Whether the filter's pushes against threshold `t` need the exact
     /// test (the slot's validity and its composite key).
     fn exact_push(t: u64) -> bool;
@@ -157,10 +160,6 @@ impl Keys for Probs {
     #[inline(always)]
     fn index(key: u64) -> u32 {
         composite_index(key)
-    }
-    #[inline(always)]
-    fn high(bits: u32) -> u32 {
-        bits
     }
     #[inline(always)]
     fn exact_push(t: u64) -> bool {
@@ -209,11 +208,6 @@ impl Keys for Logits {
     #[inline(always)]
     fn index(key: u64) -> u32 {
         logit_composite_index(key)
-    }
-    #[inline(always)]
-    fn high(bits: u32) -> u32 {
-        // `high_word(logit_composite(bits, _))`.
-        bits >> 1
     }
     #[inline(always)]
     fn exact_push(t: u64) -> bool {
