@@ -51,9 +51,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashsample_kernels::radix_select::{
-    BUCKETS, FILTER_MAX_CAP, FILTER_MIN_CAP, FILTER_SMALL_MAX_K, GATHER_CAP, MODE_SAMPLE,
-    MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB, filter_smem_bytes,
-    radix_smem_bytes,
+    BUCKETS, FILTER_MASK_MAX_VOCAB, FILTER_MAX_CAP, FILTER_MIN_CAP, FILTER_SMALL_MAX_K, GATHER_CAP,
+    MODE_MASK, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_THREADS, RadixArgs, SLAB,
+    filter_smem_bytes, radix_smem_bytes,
 };
 
 use crate::device::{Device, cluster_attr, launch_ex, max_active_clusters};
@@ -1072,13 +1072,17 @@ impl Device {
 /// `rows.row_stride` apart; NaN counts as -inf and comes back as -inf) by
 /// the radix `route` ([`RadixInput::Logits`]: not the cooperative one),
 /// for rows with `top_k` at most `max_k` (at most [`SLAB`]): the pivot
-/// sampler's radix route ([`crate::TopkToppRoute::Radix`]).
+/// sampler's radix route ([`crate::TopkToppRoute::Radix`]). With
+/// `mask_in_place`, where the route's kernel can ([`MODE_MASK`]: the
+/// staged filter route, `vocab` at most [`FILTER_MASK_MAX_VOCAB`]), it
+/// also writes -inf over every logit outside its row's slab; returns
+/// whether it did.
 ///
 /// # Safety
-/// `logits` holds the validated rows; `top_k` holds `rows.batch` elements;
-/// `values` and `indices` hold `rows.batch * SLAB` elements and `counts`
-/// `rows.batch`; all live buffers of `stream`'s context, not written by
-/// other work meanwhile.
+/// `logits` holds the validated rows (writable with `mask_in_place`);
+/// `top_k` holds `rows.batch` elements; `values` and `indices` hold
+/// `rows.batch * SLAB` elements and `counts` `rows.batch`; all live
+/// buffers of `stream`'s context, not written by other work meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn logits_to_slab(
     dev: &Device,
@@ -1089,8 +1093,16 @@ pub(crate) unsafe fn logits_to_slab(
     top_k: CUdeviceptr,
     max_k: u32,
     [values, indices, counts]: [CUdeviceptr; 3],
-) -> Result<()> {
-    let plan = radix_kernels(dev)?.plan(route, RadixInput::Logits, rows, max_k, MODE_SLAB)?;
+    mask_in_place: bool,
+) -> Result<bool> {
+    let kernels = radix_kernels(dev)?;
+    let masks = mask_in_place && kernels.masks_in_place(route, rows);
+    let mode = if masks {
+        MODE_SLAB | MODE_MASK
+    } else {
+        MODE_SLAB
+    };
+    let plan = kernels.plan(route, RadixInput::Logits, rows, max_k, mode)?;
     let p = RadixPtrs {
         probs: logits,
         top_k,
@@ -1104,8 +1116,10 @@ pub(crate) unsafe fn logits_to_slab(
         valid: 0,
     };
     // SAFETY: the caller's contract; the plan is never cooperative for
-    // logits (no workspace).
-    unsafe { launch_radix(stream, &plan, p, [0; 4]) }
+    // logits (no workspace), and masks only on the route and rows that
+    // `masks_in_place` accepts.
+    unsafe { launch_radix(stream, &plan, p, [0; 4]) }?;
+    Ok(masks)
 }
 
 /// A radix launch but its pointers: kernel, launch kind, CTAs per row,
@@ -1120,10 +1134,23 @@ struct RadixPlan {
 }
 
 impl RadixKernels {
+    /// Whether the select of `route` over `rows` of logits can mask them
+    /// in place ([`MODE_MASK`]): the filter route of one CTA a row, in the
+    /// modules whose filter kernel stages its rounds in shared memory
+    /// (where the row's bitmap goes), `vocab` at most
+    /// [`FILTER_MASK_MAX_VOCAB`].
+    fn masks_in_place(&self, route: Route, rows: &Rows) -> bool {
+        route == Route::Filter
+            && self.filter_cap > 0
+            && self.filter_staged
+            && rows.vocab <= FILTER_MASK_MAX_VOCAB as usize
+    }
+
     /// The launch of `route` over `input` for `rows` whose `top_k` are at
     /// most `max_k`, writing `mode`; rejects `max_k > SLAB`, the pivot
-    /// route, routes the GPU cannot run, and the cooperative route for
-    /// logits.
+    /// route, routes the GPU cannot run, the cooperative route for logits,
+    /// and [`MODE_MASK`] where [`RadixKernels::masks_in_place`] does not
+    /// hold.
     fn plan(
         &self,
         route: Route,
@@ -1134,6 +1161,11 @@ impl RadixKernels {
     ) -> Result<RadixPlan> {
         if max_k > SLAB {
             return Err(param("top_k", max_k));
+        }
+        if mode & MODE_MASK != 0
+            && !(input == RadixInput::Logits && self.masks_in_place(route, rows))
+        {
+            return Err(param("mode", mode));
         }
         let caps = self.caps;
         let batch = rows.batch;

@@ -724,11 +724,15 @@ unsafe fn launch_selection(
 /// What the radix route's second kernel does after the slab: the cut of
 /// each row into the workspace and its kept count, with the kept mass when
 /// `with_mass` (the chunked masking, renormalising or kept-set writes
-/// follow), or the draw.
+/// follow), or the draw. `in_place`: the call masks the logits it selects
+/// from, so that the select may write -inf outside each row's slab and the
+/// cut over the slab entries it drops (where the route allows: see
+/// [`launch_radix_route`]).
 enum RadixTail {
     Mask {
         kept: u64,
         with_mass: bool,
+        in_place: bool,
     },
     Sample {
         seed: u64,
@@ -741,7 +745,10 @@ enum RadixTail {
 /// The radix route ([`TopkToppRoute::Radix`]): the rows' top-k slab by
 /// the radix select of `route` into the workspace, then a block per row
 /// cutting min-p and top-p from it (`topk_topp_slab_mask_f32` or
-/// `topk_topp_slab_sample_f32`, by `tail`).
+/// `topk_topp_slab_sample_f32`, by `tail`). Returns whether the rows are
+/// masked already (a [`RadixTail::Mask`] `in_place` whose select could
+/// write the rows: `radix_topk::logits_to_slab`); else masking still needs
+/// `topk_topp_slab_apply_f32`.
 ///
 /// # Safety
 /// `logits` holds the call's validated f32 `rows`; the parameters and the
@@ -758,16 +765,18 @@ unsafe fn launch_radix_route(
     params: &TruncParams,
     (ws, slab_at): (u64, usize),
     tail: RadixTail,
-) -> Result<()> {
+) -> Result<bool> {
     let bound = params.top_k_bound;
     if bound == 0 || bound > SLAB || bound as usize >= rows.vocab {
         return Err(param("top_k_bound for the radix route", bound));
     }
     let (p, _g) = param_ptrs(stream, params);
     let [values, indices, counts] = slab_ptrs(ws, slab_at, rows.batch);
-    // SAFETY: the caller's contract; every row's top_k is at most `bound`
-    // (the parameters' contract), the slab `batch` rows.
-    unsafe {
+    let in_place = matches!(tail, RadixTail::Mask { in_place: true, .. });
+    // SAFETY: the caller's contract (the rows writable for a call that
+    // masks them in place); every row's top_k is at most `bound` (the
+    // parameters' contract), the slab `batch` rows.
+    let masked = unsafe {
         radix_topk::logits_to_slab(
             dev,
             stream,
@@ -777,6 +786,7 @@ unsafe fn launch_radix_route(
             p.top_k,
             bound,
             [values, indices, counts],
+            in_place,
         )
     }?;
     let vocab = rows.vocab as u32;
@@ -798,6 +808,9 @@ unsafe fn launch_radix_route(
         kernel_arg(&p.min_p),
         kernel_arg(&p.temperature),
     ];
+    // The rows the select masked, for the cut's dropped slab entries.
+    let masked_rows = if masked { logits } else { 0 };
+    let stride = rows.row_stride as u64;
     let func = match &tail {
         RadixTail::Mask { kept, .. } => {
             args.extend([
@@ -806,6 +819,8 @@ unsafe fn launch_radix_route(
                 kernel_arg(&batch),
                 kernel_arg(&ws),
                 kernel_arg(&with_mass),
+                kernel_arg(&masked_rows),
+                kernel_arg(&stride),
             ]);
             &k.topk_topp_slab_mask_f32
         }
@@ -829,9 +844,11 @@ unsafe fn launch_radix_route(
     // SAFETY: the argument lists match `topk_topp_slab_mask_f32`'s and
     // `topk_topp_slab_sample_f32`'s signatures; the slab written by the
     // radix launch just before on this stream (the kernel waits for it:
-    // `pass_start`), the rest as the caller's contract; one block of
-    // ROW_THREADS per row with the shared memory the kernels ask for.
-    unsafe { dev.launch_pass(stream, func, row_per_block(rows), true, &mut args) }
+    // `pass_start`), the rest as the caller's contract (the masked rows
+    // the call's, writable); one block of ROW_THREADS per row with the
+    // shared memory the kernels ask for.
+    unsafe { dev.launch_pass(stream, func, row_per_block(rows), true, &mut args) }?;
+    Ok(masked)
 }
 
 /// Checks a per-row output of at least `batch` elements.
@@ -1023,6 +1040,7 @@ impl Device {
                     RadixTail::Mask {
                         kept: kp,
                         with_mass,
+                        in_place: false,
                     },
                 )
             }?;
@@ -1143,64 +1161,81 @@ impl Device {
                     w,
                 )
             }?;
-        } else {
-            let (apply, tail) = if let TopkToppRoute::Radix(radix) = route {
-                // SAFETY: the f32 rows at `l` hold `krows.min_len()`
-                // elements (the caller's, validated, or the workspace
-                // copy), `kept` and the parameters at least `batch`
-                // elements (checked), the workspace the layout's words and
-                // the slab from `slab_at` (grown above), all live cudarc
-                // buffers of this stream's context.
-                unsafe {
-                    launch_radix_route(
-                        self,
-                        stream,
-                        radix,
-                        l,
-                        &krows,
-                        params,
-                        (w, slab_at),
-                        RadixTail::Mask {
-                            kept: kp,
-                            with_mass: false,
-                        },
-                    )
-                }?;
+        } else if let TopkToppRoute::Radix(radix) = route {
+            // SAFETY: the f32 rows at `l` hold `krows.min_len()` elements
+            // (the caller's, validated and writable, or the workspace
+            // copy), `kept` and the parameters at least `batch` elements
+            // (checked), the workspace the layout's words and the slab from
+            // `slab_at` (grown above), all live cudarc buffers of this
+            // stream's context.
+            let masked = unsafe {
+                launch_radix_route(
+                    self,
+                    stream,
+                    radix,
+                    l,
+                    &krows,
+                    params,
+                    (w, slab_at),
+                    RadixTail::Mask {
+                        kept: kp,
+                        with_mass: false,
+                        in_place: true,
+                    },
+                )
+            }?;
+            if !masked {
                 // The kept sets are prefixes of the slab: the slab apply
                 // marks them from its indices and writes without reading.
                 let indices = slab_ptrs(w, slab_at, krows.batch)[1];
-                (&k.topk_topp_slab_apply_f32, vec![indices, kp])
-            } else {
-                launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
-                // SAFETY: the f32 rows at `l` hold `krows.min_len()`
-                // elements (batch rows `row_stride` apart with `vocab`
-                // each, 1 <= vocab <= MAX_VOCAB), `kept` at least `batch`
-                // elements (checked), `ws` the layout's words (grown
-                // above), all live cudarc buffers of this stream's
-                // context; the prefilter passes launched just before.
-                unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
-                (&k.topk_topp_apply_f32, vec![w])
-            };
-            let mut apply_args = vec![
+                let mut args = vec![
+                    kernel_arg(&l),
+                    kernel_arg(&vocab),
+                    kernel_arg(&stride),
+                    kernel_arg(&batch),
+                    kernel_arg(&indices),
+                    kernel_arg(&kp),
+                ];
+                // SAFETY: the arguments match `topk_topp_slab_apply_f32`'s
+                // signature, a block per chunk: the f32 rows at `l` as
+                // above (writable), the slab's indices and `kept` (`batch`
+                // rows each) written by the slab cut launched just before.
+                unsafe {
+                    self.launch_pass(
+                        stream,
+                        &k.topk_topp_slab_apply_f32,
+                        chunk_per_block(&krows, &lay)?,
+                        true,
+                        &mut args,
+                    )
+                }?;
+            }
+        } else {
+            launch_prefilter(self, stream, l, &krows, params, &lay, w, route)?;
+            // SAFETY: the f32 rows at `l` hold `krows.min_len()`
+            // elements (batch rows `row_stride` apart with `vocab`
+            // each, 1 <= vocab <= MAX_VOCAB), `kept` at least `batch`
+            // elements (checked), `ws` the layout's words (grown
+            // above), all live cudarc buffers of this stream's
+            // context; the prefilter passes launched just before.
+            unsafe { launch_selection(self, stream, l, kp, &krows, false, w, route) }?;
+            let mut args = vec![
                 kernel_arg(&l),
                 kernel_arg(&vocab),
                 kernel_arg(&stride),
                 kernel_arg(&batch),
+                kernel_arg(&w),
             ];
-            apply_args.extend(tail.iter().map(kernel_arg));
-            // SAFETY: the arguments match the kernel's signature, a block
-            // per chunk: `topk_topp_apply_f32` as `launch_prefilter`'s
-            // passes, after the selection on this stream;
-            // `topk_topp_slab_apply_f32` the f32 rows at `l` as above
-            // (writable) and the slab's indices and `kept` (`batch` rows
-            // each) written by the slab cut launched just before.
+            // SAFETY: the arguments match `topk_topp_apply_f32`'s
+            // signature, a block per chunk, as `launch_prefilter`'s passes,
+            // after the selection on this stream.
             unsafe {
                 self.launch_pass(
                     stream,
-                    apply,
+                    &k.topk_topp_apply_f32,
                     chunk_per_block(&krows, &lay)?,
                     true,
-                    &mut apply_args,
+                    &mut args,
                 )
             }?;
         }
@@ -1285,7 +1320,7 @@ impl Device {
             // the workspace the layout's words and the slab from `slab_at`
             // (grown above), all live cudarc buffers of this stream's
             // context.
-            return unsafe {
+            unsafe {
                 launch_radix_route(
                     self,
                     stream,
@@ -1301,7 +1336,8 @@ impl Device {
                         valid: v,
                     },
                 )
-            };
+            }?;
+            return Ok(());
         }
         launch_prefilter(self, stream, l, &rows, params, &lay, w, route)?;
         let mut sample_args = [

@@ -17,6 +17,65 @@ pub fn warp_max_u64(mut v: u64) -> u64 {
     v
 }
 
+/// Writes the `n` elements at `out` (element `l` of a chunk whose kept
+/// elements are the set bits of the shared-memory bitmap `bits`, bit
+/// `l % 32` of word `l / 32`): `fill` where the bit is clear, `kept(l)`
+/// where it is set and that is `Some` (else the element keeps its bits).
+/// 16-byte stores where the chunk allows. Ends with a block barrier.
+///
+/// # Safety
+/// Every thread of the block (of `threads`) calls it; `out` holds `n`
+/// writable f32; `bits` holds the chunk's bitmap, complete.
+#[inline(always)]
+pub unsafe fn write_chunk(
+    out: *mut f32,
+    n: u32,
+    bits: *const u32,
+    fill: f32,
+    kept: impl Fn(u32) -> Option<f32>,
+    threads: u32,
+) {
+    let tid = arch::thread_idx_x();
+    let bit = |l: u32| {
+        // SAFETY: l below the chunk's length (callers), inside the bitmap.
+        unsafe { (*bits.add((l / 32) as usize) >> (l % 32)) & 1 }
+    };
+    // SAFETY: elements below n (caller's contract).
+    unsafe {
+        if (out as usize).is_multiple_of(16) && n.is_multiple_of(4) {
+            let mut v = tid;
+            while v < n / 4 {
+                let l = 4 * v;
+                let mask = (*bits.add((l / 32) as usize) >> (l % 32)) & 0xf;
+                let p = out.add(l as usize);
+                if mask == 0 {
+                    arch::st_global_v4_u32(p as *mut u32, [fill.to_bits(); 4]);
+                } else {
+                    for e in 0..4 {
+                        if mask & (1 << e) == 0 {
+                            *p.add(e) = fill;
+                        } else if let Some(x) = kept(l + e as u32) {
+                            *p.add(e) = x;
+                        }
+                    }
+                }
+                v += threads;
+            }
+        } else {
+            let mut l = tid;
+            while l < n {
+                if bit(l) == 0 {
+                    *out.add(l as usize) = fill;
+                } else if let Some(x) = kept(l) {
+                    *out.add(l as usize) = x;
+                }
+                l += threads;
+            }
+        }
+        arch::bar_sync();
+    }
+}
+
 /// Maximum of `v` over the block, valid in thread 0 only (one barrier).
 ///
 /// # Safety

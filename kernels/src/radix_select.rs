@@ -531,7 +531,8 @@ pub struct RadixArgs {
     /// `radix_topk_filter_f32`, its candidate buffer's capacity in keys (at
     /// least [`FILTER_MIN_CAP`]).
     pub cache_slots: u32,
-    /// [`MODE_SLAB`] and / or [`MODE_SAMPLE`].
+    /// [`MODE_SLAB`] and / or [`MODE_SAMPLE`], or [`MODE_SLAB`] and
+    /// [`MODE_MASK`].
     pub mode: u32,
     /// Reserved, 0.
     pub reserved: u32,
@@ -544,6 +545,12 @@ const _: () = assert!(core::mem::align_of::<RadixArgs>() == 8);
 pub const MODE_SLAB: u32 = 1;
 /// `RadixArgs::mode` bit: top-p and one draw per row (tokens, valid).
 pub const MODE_SAMPLE: u32 = 2;
+/// `RadixArgs::mode` bit, with [`MODE_SLAB`], for the staged filter kernels
+/// over logits (sm_90 and newer, one CTA a row, `vocab` at most
+/// [`FILTER_MASK_MAX_VOCAB`]): after writing a row's slab, write -inf in
+/// place over every logit of the row outside it (the slab's elements keep
+/// their bits), so that masking needs no pass of its own over the rows.
+pub const MODE_MASK: u32 = 4;
 
 /// Threads per CTA of the radix kernels.
 pub const RADIX_THREADS: u32 = 512;
@@ -591,6 +598,10 @@ pub const FILTER_STAGE_BYTES: u32 = 4 * FILTER_ROUND_KEYS;
 /// Stages of the staged filter kernel: rounds in flight while one is
 /// filtered (`FILTER_STAGES - 1` of them, 96 KiB).
 pub const FILTER_STAGES: u32 = 4;
+/// Largest vocabulary of a [`MODE_MASK`] launch: the row's bitmap of slab
+/// elements fills the stages but the work space's (which holds the sorted
+/// slab) at a row's end, when no round is in flight.
+pub const FILTER_MASK_MAX_VOCAB: u32 = (FILTER_STAGES - 1) * FILTER_STAGE_BYTES * 8;
 /// The part of the radix layout the selects over the candidate buffer and
 /// the end of a row use as work space (the two histograms and the gather
 /// buffer): the staged kernel puts it in a stage that holds no round at

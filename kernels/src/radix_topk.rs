@@ -56,12 +56,15 @@
 //! readable each; `top_k` holds `batch` elements, and with
 //! [`MODE_SAMPLE`] `top_p`, `seed`, `offset`, `tokens`, `valid` do; with
 //! [`MODE_SLAB`] `slab_values` and `slab_indices` hold `batch * SLAB`
-//! elements and `slab_counts` `batch`; the cooperative kernel's workspace
-//! holds, per grid row `y`, `2 * ctas * BUCKETS` histogram words,
-//! `GATHER_CAP` gather words, a gather count that is 0 before the launch
-//! (every launch leaves it 0) and a barrier word; no other thread of the
-//! device writes any of these during the launch. The filter kernel reads
-//! no workspace.
+//! elements and `slab_counts` `batch`; with
+//! [`MODE_MASK`](crate::radix_select::MODE_MASK) (the staged filter
+//! kernels over logits, one CTA a row, `vocab` at most
+//! [`FILTER_MASK_MAX_VOCAB`]) the rows at `probs` are writable and no
+//! other thread reads them; the cooperative kernel's workspace holds, per
+//! grid row `y`, `2 * ctas * BUCKETS` histogram words, `GATHER_CAP` gather
+//! words, a gather count that is 0 before the launch (every launch leaves
+//! it 0) and a barrier word; no other thread of the device writes any of
+//! these during the launch. The filter kernel reads no workspace.
 //!
 //! [`FILTER_MIN_CAP`]: crate::radix_select::FILTER_MIN_CAP
 //! [`filter_smem_bytes`]: crate::radix_select::filter_smem_bytes
@@ -74,13 +77,14 @@ use crate::noise;
 use crate::philox;
 use crate::radix::{f32_from_key, f32_key};
 use crate::radix_select::{
-    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_ROUND_GROUPS, FILTER_ROUND_VECS,
-    FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP,
-    MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs,
-    RadixSelect, SLAB, before_draw, composite, composite_bits, composite_index, crossing_in_group,
-    draw_target, filter_compaction, filter_direct, filter_final_fit, filter_pushes, first_digit,
-    fixed_mass, high_word, logit_composite, logit_composite_index, logit_composite_key, prob_bits,
-    prob_logit, seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_MASK_MAX_VOCAB, FILTER_ROUND_GROUPS,
+    FILTER_ROUND_VECS, FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES,
+    FILTER_WORK_BYTES, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES,
+    RADIX_THREADS, RadixArgs, RadixSelect, SLAB, before_draw, composite, composite_bits,
+    composite_index, crossing_in_group, draw_target, filter_compaction, filter_direct,
+    filter_final_fit, filter_pushes, first_digit, fixed_mass, high_word, logit_composite,
+    logit_composite_index, logit_composite_key, prob_bits, prob_logit, seed_by_maxima,
+    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -272,6 +276,9 @@ const STAGED_BASE: usize = FILTER_STAGES as usize * STAGE_BYTES - SCRATCH_OFF;
 /// control words (the other kernels leave these bytes unused).
 const MBAR_OFF: usize = SCRATCH_OFF + 256;
 const _: () = assert!(STAGE_BYTES == 16 * FILTER_ROUND_GROUPS as usize);
+// The bitmap of a MODE_MASK row end fills stages 1 and up.
+const _: () =
+    assert!(FILTER_MASK_MAX_VOCAB as usize / 8 <= (FILTER_STAGES as usize - 1) * STAGE_BYTES);
 const _: () = assert!(STAGE_BYTES.is_multiple_of(16) && STAGED_BASE.is_multiple_of(16));
 const _: () = assert!(STAGED_BASE + CANDIDATES_OFF == FILTER_STAGED_FIXED_SMEM as usize);
 const _: () = assert!(MBAR_OFF >= CTL_OFF + CTL_WORDS * 4 && MBAR_OFF.is_multiple_of(8));
@@ -2450,11 +2457,54 @@ unsafe fn filter_rows<K: Keys, const SMALL: bool>(
             // Every round issued was waited for: stage 0 is free.
             if arch::cluster_nctarank() == 1 {
                 filter_end_row::<K, SMALL>(out, smem, row, &st, &mut parity, args.mode);
+                if !K::DRAWS && args.mode & crate::radix_select::MODE_MASK != 0 {
+                    mask_outside_slab::<K>(smem, row_ptr as *mut f32, args.vocab, st.k);
+                }
             } else {
                 filter_merge_end_row::<K, SMALL>(out, smem, row, &st, &mut parity, args.mode);
             }
             row += arch::grid_dim_y();
         }
+    }
+}
+
+/// [`MODE_MASK`] at the end of a row of the staged filter kernel: -inf over
+/// every element of the row (`vocab` of them at `row`) but the `k` of its
+/// slab, which the sorted gather buffer still holds ([`finish_row`]); the
+/// slab's elements keep their bits. The row's bitmap of slab elements goes
+/// in stages 1 and up, which hold no round at a row's end (the work space
+/// is stage 0). Ends with a block barrier.
+///
+/// # Safety
+/// Every thread of the CTA calls it after [`filter_end_row`] of the row;
+/// `vocab <= FILTER_MASK_MAX_VOCAB`; `row` holds `vocab` writable f32 that
+/// no other thread of the device reads or writes during the launch.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn mask_outside_slab<K: Keys>(smem: Smem, row: *mut f32, vocab: u32, k: u32) {
+    let tid = arch::thread_idx_x();
+    // SAFETY: the bitmap's vocab.div_ceil(32) words fit stages 1 to 3
+    // (FILTER_MASK_MAX_VOCAB); gather entries below k <= SLAB are the
+    // row's sorted slab, their indices below vocab; barriers between the
+    // clearing, the marks and the reads.
+    unsafe {
+        let bits = smem.stage(1) as *mut u32;
+        let mut w = tid;
+        while w < vocab.div_ceil(32) {
+            *bits.add(w as usize) = 0;
+            w += THREADS;
+        }
+        arch::bar_sync();
+        let mut i = tid;
+        while i < k {
+            let index = K::index(*smem.gather().add(i as usize));
+            let word = arch::smem_addr(bits.add((index / 32) as usize));
+            // Indices are distinct: adding sets the bit.
+            arch::red_shared_add_u32(word, 1 << (index % 32));
+            i += THREADS;
+        }
+        arch::bar_sync();
+        block::write_chunk(row, vocab, bits, f32::NEG_INFINITY, |_| None, THREADS);
     }
 }
 

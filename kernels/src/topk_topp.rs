@@ -3122,17 +3122,18 @@ unsafe fn apply_chunk(ptr: *mut f32, vocab: u32, c: u32, slots: Slots, smem: *mu
 /// written and keep their bits. Ends with a block barrier.
 ///
 /// # Safety
-/// As [`write_chunk`], `chunk` writable.
+/// As [`block::write_chunk`], `chunk` writable.
 #[inline(always)]
 unsafe fn mask_unmarked(chunk: Row, bits: *const u32) {
     // SAFETY: the caller's contract.
     unsafe {
-        write_chunk(
+        block::write_chunk(
             chunk.ptr as *mut f32,
             chunk.n,
             bits,
             f32::NEG_INFINITY,
             |_| None,
+            ROW_THREADS,
         )
     }
 }
@@ -3241,64 +3242,6 @@ unsafe fn kept_bits(
     }
 }
 
-/// Writes the `n` elements at `out` (element `l` of a chunk whose kept
-/// elements are the set bits of `bits`): `fill` where the bit is clear,
-/// `kept(l)` where it is set and that is `Some` (else the element keeps
-/// its bits). 16-byte stores where the chunk allows. Ends with a block
-/// barrier.
-///
-/// # Safety
-/// Every thread of the block calls it; `out` holds `n` writable f32;
-/// `bits` is the chunk's bitmap ([`kept_bits`]), complete.
-#[inline(always)]
-unsafe fn write_chunk(
-    out: *mut f32,
-    n: u32,
-    bits: *const u32,
-    fill: f32,
-    kept: impl Fn(u32) -> Option<f32>,
-) {
-    let tid = arch::thread_idx_x();
-    let bit = |l: u32| {
-        // SAFETY: l below the chunk's length (callers), inside the bitmap.
-        unsafe { (*bits.add((l / 32) as usize) >> (l % 32)) & 1 }
-    };
-    // SAFETY: elements below n (caller's contract).
-    unsafe {
-        if (out as usize).is_multiple_of(16) && n.is_multiple_of(4) {
-            let mut v = tid;
-            while v < n / 4 {
-                let l = 4 * v;
-                let mask = (*bits.add((l / 32) as usize) >> (l % 32)) & 0xf;
-                let p = out.add(l as usize);
-                if mask == 0 {
-                    arch::st_global_v4_u32(p as *mut u32, [fill.to_bits(); 4]);
-                } else {
-                    for e in 0..4 {
-                        if mask & (1 << e) == 0 {
-                            *p.add(e) = fill;
-                        } else if let Some(x) = kept(l + e as u32) {
-                            *p.add(e) = x;
-                        }
-                    }
-                }
-                v += ROW_THREADS;
-            }
-        } else {
-            let mut l = tid;
-            while l < n {
-                if bit(l) == 0 {
-                    *out.add(l as usize) = fill;
-                } else if let Some(x) = kept(l) {
-                    *out.add(l as usize) = x;
-                }
-                l += ROW_THREADS;
-            }
-        }
-        arch::bar_sync();
-    }
-}
-
 /// Writes each row's probabilities renormalised over its kept set (as
 /// `reference::probabilities`): `weight(x) / mass` for a kept logit `x`
 /// (`weight`: the row's `exp((x - max) / T)`, `mass`: the kept weights'
@@ -3338,9 +3281,14 @@ pub unsafe extern "ptx-kernel" fn topk_topp_renorm_f32(
         let w = (*slots.plan()).plan.weights;
         let bits = kept_bits(chunk, c, slots, cut, from_lists, smem);
         let out = probs.add(r as usize * probs_stride as usize + chunk.base as usize);
-        write_chunk(out, chunk.n, bits, 0.0, |l| {
-            Some(w.weight(*chunk.ptr.add(l as usize)) / mass)
-        });
+        block::write_chunk(
+            out,
+            chunk.n,
+            bits,
+            0.0,
+            |l| Some(w.weight(*chunk.ptr.add(l as usize)) / mass),
+            ROW_THREADS,
+        );
     }
 }
 
@@ -3738,7 +3686,13 @@ unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut
 /// [`topk_topp_renorm_f32`] or [`topk_topp_kept_count_f32`] and
 /// [`topk_topp_kept_write_f32`] follow it with the same `(vocab, batch,
 /// ws)`, no other pass before it, or [`topk_topp_slab_apply_f32`] with its
-/// slab indices and `kept` (the one the host launches for masking).
+/// slab indices and `kept` (the one the host launches for masking, unless
+/// the select masked the rows: see `logits`).
+///
+/// With `logits` not null (the rows the select masked in place with
+/// [`MODE_MASK`](crate::radix_select::MODE_MASK): -inf everywhere but the
+/// slab), the kernel also writes -inf over the row's slab entries the cut
+/// drops (all of them on an invalid row), which completes the masking.
 ///
 /// # Launch
 /// Grid `(batch, 1, 1)`, block [`ROW_THREADS`], [`TOPK_TOPP_SMEM_BYTES`] of
@@ -3752,8 +3706,9 @@ unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut
 /// ..= RANKED_MAX_K` and below `vocab`; `top_k`, `top_p`, `min_p`,
 /// `temperature` and `kept` hold `batch` elements; `ws` holds
 /// [`TopkToppLayout::words`] words for (batch, vocab), used by no other
-/// work meanwhile; the radix select has completed; no other thread of the
-/// device writes them during the launch.
+/// work meanwhile; `logits` is null or holds `batch` writable rows of
+/// `vocab` f32 `row_stride` apart; the radix select has completed; no
+/// other thread of the device writes them during the launch.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn topk_topp_slab_mask_f32(
@@ -3769,6 +3724,8 @@ pub unsafe extern "ptx-kernel" fn topk_topp_slab_mask_f32(
     batch: u32,
     ws: *mut u64,
     with_mass: u32,
+    logits: *mut f32,
+    row_stride: u64,
 ) {
     pass_start();
     let r = arch::block_idx_x();
@@ -3798,6 +3755,18 @@ pub unsafe extern "ptx-kernel" fn topk_topp_slab_mask_f32(
             (*slots.plan()).plan.weights = sel.weights;
         }
         store_cut(slots, kept.add(r as usize), sel.cut, n, false, mass);
+        if !logits.is_null() {
+            // The kept set is the slab's first n entries; the select left
+            // the row's other elements -inf.
+            let row = logits.add(r as usize * row_stride as usize);
+            let count = (*slab_counts.add(r as usize)).clamp(1, RANKED_MAX_K);
+            let at = r as usize * RANKED_MAX_K as usize;
+            let mut q = n + arch::thread_idx_x();
+            while q < count {
+                *row.add(*slab_indices.add(at + q as usize) as usize) = f32::NEG_INFINITY;
+                q += ROW_THREADS;
+            }
+        }
     }
 }
 

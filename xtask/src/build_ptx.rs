@@ -63,9 +63,10 @@ const SPILL_ALLOW: &[(&str, &str, &str)] = &[
     ),
 ];
 const LOGITS_FILTER_SPILL: &str = "the radix filter's small-k kernel over logits (Qrita's radix \
-     route) at its 128-register bound: ptxas keeps one 8-byte word in local memory since the \
-     logit keys took 31-bit indices (session 37); where it sits in the SASS is not checked (no \
-     disassembler here), the bench's radix route times include it";
+     route) at its 128-register bound: ptxas keeps one word in local memory (8-byte frame; since \
+     the logit keys took 31-bit indices, session 37); sm_90a SASS (session 41): one store before \
+     the row loop, one load per row in the in-place masking's write pass (MODE_MASK), none in \
+     the rounds";
 const FILTER_SPILL: &str = "the pre-filter pass at four blocks a multiprocessor (64 registers): \
      ptxas keeps one flag word in local memory in the scan that sums the tiers' masses (rows with \
      top-p and no top-k only; sm_90a SASS: one store and two loads a chunk)";
