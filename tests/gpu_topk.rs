@@ -206,8 +206,15 @@ impl Batch {
     /// This batch with every row's top-k in `1..=min(1024, V - 1)` (the
     /// radix route's calls): top-k outside it (off, 0, V - 1 and above
     /// 1024) replaced by one of 1, 50, 1000 and that largest.
-    fn slab_top_k(mut self, rng: &mut StdRng) -> Batch {
-        let most = 1024.min(self.rows.vocab as u32 - 1);
+    fn slab_top_k(self, rng: &mut StdRng) -> Batch {
+        self.slab_top_k_up_to(rng, 1024)
+    }
+
+    /// [`Batch::slab_top_k`] with `cap` (at most 1024) in place of 1024:
+    /// top-k in `1..=min(cap, V - 1)`, outside it one of 1, 50, 1000 (each
+    /// at most that largest) and that largest.
+    fn slab_top_k_up_to(mut self, rng: &mut StdRng, cap: u32) -> Batch {
+        let most = cap.min(self.rows.vocab as u32 - 1);
         let ks = [1, 50.min(most), 1000.min(most), most];
         for p in &mut self.params {
             if p.top_k == 0 || p.top_k > most {
@@ -1081,7 +1088,8 @@ fn topk_cluster_route_matches_the_chunked_passes() {
 /// rows (every distribution, ties at k, greedy rows, +-inf, NaN, invalid
 /// rows), rows crowding the first chunk (the passes select from the row)
 /// and heavy-tailed rows (the passes refine their threshold first), top-k
-/// from 1 to 1024, at V = 111 to 262144. The route refuses calls whose
+/// from 1 to 1024 and from 1 to 64 (the filter route's select masks such
+/// rows in place), at V = 111 to 262144. The route refuses calls whose
 /// top-k bound it cannot serve and the cooperative route.
 #[test]
 fn topk_radix_route_matches_the_chunked_passes() {
@@ -1108,19 +1116,25 @@ fn topk_radix_route_matches_the_chunked_passes() {
         }
     }
     println!("{TEST}: radix routes {routes:?}");
-    for (vocab, batch) in [
+    // Each size twice: top-k up to 1024, then up to 64, where the filter
+    // route's select masks the rows in place (sm_90 and newer).
+    let sizes = [
         (111, 64),
         (4099, 64),
         (32_000, 48),
         (151_936, 40),
         (262_144, 24),
-    ] {
+    ];
+    for (vocab, batch, cap) in sizes
+        .into_iter()
+        .flat_map(|(vocab, batch)| [(vocab, batch, 1024), (vocab, batch / 2, 64)])
+    {
         let b = Batch::random(&mut rng, batch, vocab)
             .then(Batch::crowded(&mut rng, 4, vocab))
             .then(Batch::heavy(&mut rng, 4, vocab))
-            .slab_top_k(&mut rng);
+            .slab_top_k_up_to(&mut rng, cap);
         let params = b.upload(&stream);
-        assert!((1..=1024).contains(&params.top_k_bound));
+        assert!((1..=cap).contains(&params.top_k_bound));
         ws.force_topk_topp_route(Some(TopkToppRoute::Chunked));
         let (want_masked, want_kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
         let want_tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
@@ -1129,18 +1143,20 @@ fn topk_radix_route_matches_the_chunked_passes() {
             ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
             let (masked, kept) = mask_on_gpu(&dev, &stream, &b, &params, &mut ws);
             report.check(kept == want_kept, || {
-                format!("V={vocab} radix {route:?}: kept counts differ from the chunked passes")
+                format!(
+                    "V={vocab} k<={cap} radix {route:?}: kept counts differ from the chunked passes"
+                )
             });
             let same = masked
                 .iter()
                 .zip(&want_masked)
                 .all(|(a, c)| a.to_bits() == c.to_bits());
             report.check(same, || {
-                format!("V={vocab} radix {route:?}: masked logits differ from the chunked passes")
+                format!("V={vocab} k<={cap} radix {route:?}: masked logits differ from the chunked passes")
             });
             let tokens = sample_on_gpu(&dev, &stream, &b, &params, &mut ws);
             report.check(tokens == want_tokens, || {
-                format!("V={vocab} radix {route:?}: tokens differ from the chunked passes")
+                format!("V={vocab} k<={cap} radix {route:?}: tokens differ from the chunked passes")
             });
             let (probs, kept_r, kept_s, indices) =
                 renorm_and_kept_on_gpu(&dev, &stream, &b, &params, 1024, &mut ws);
@@ -1150,11 +1166,13 @@ fn topk_radix_route_matches_the_chunked_passes() {
                 .all(|(a, c)| a.to_bits() == c.to_bits());
             report.check(same_probs && kept_r == want_renorm.1, || {
                 format!(
-                    "V={vocab} radix {route:?}: renormalised probabilities differ from the chunked passes"
+                    "V={vocab} k<={cap} radix {route:?}: renormalised probabilities differ from the chunked passes"
                 )
             });
             report.check(kept_s == want_renorm.2 && indices == want_renorm.3, || {
-                format!("V={vocab} radix {route:?}: kept sets differ from the chunked passes")
+                format!(
+                    "V={vocab} k<={cap} radix {route:?}: kept sets differ from the chunked passes"
+                )
             });
         }
         // Against the reference (and run to run) on the last route.
@@ -1381,6 +1399,9 @@ fn sanitize_topk_paths() {
         .collect();
     slab_batches.push(Batch::crowded(&mut rng, 4, 20_001).slab_top_k(&mut rng));
     slab_batches.push(Batch::heavy(&mut rng, 4, 20_001).slab_top_k(&mut rng));
+    // Small top-k on 16-byte aligned rows: the filter select's in-place
+    // masking with vector stores.
+    slab_batches.push(Batch::random(&mut rng, 6, 20_000).slab_top_k_up_to(&mut rng, 64));
     for b in &slab_batches {
         for &(route, kernel) in &radix_routes {
             ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
@@ -1393,6 +1414,8 @@ fn sanitize_topk_paths() {
             } else {
                 kernel
             };
+            // The apply runs unless the filter route's select masked the
+            // rows in place (small top-k, one wave, sm_90 and newer).
             coverage.case(&[
                 kernel,
                 "topk_topp_slab_mask_f32",
