@@ -77,7 +77,10 @@
 //! [`topk_topp_slab_apply_f32`], which marks the kept elements from the
 //! slab and so writes without reading) or [`topk_topp_slab_sample_f32`]
 //! cut it by the same rank-order rule: the same results as the selection
-//! kernels, bit for bit.
+//! kernels, bit for bit. When the select itself wrote -inf outside each
+//! row's slab ([`MODE_MASK`](crate::radix_select::MODE_MASK)),
+//! [`topk_topp_slab_mask_f32`] given the rows writes the slab entries its
+//! cut drops, and no apply pass follows.
 //!
 //! # Launch
 //! In this order on one stream: stats, plan, filter, then mask and apply
