@@ -1074,9 +1074,9 @@ impl Device {
 /// for rows with `top_k` at most `max_k` (at most [`SLAB`]): the pivot
 /// sampler's radix route ([`crate::TopkToppRoute::Radix`]). With
 /// `mask_in_place`, where the route's kernel can ([`MODE_MASK`]: the
-/// staged filter route, `vocab` at most [`FILTER_MASK_MAX_VOCAB`]), it
-/// also writes -inf over every logit outside its row's slab; returns
-/// whether it did.
+/// staged filter route, `vocab` at most [`FILTER_MASK_MAX_VOCAB`]) and
+/// that measured faster than the separate apply pass, it also writes -inf
+/// over every logit outside its row's slab; returns whether it did.
 ///
 /// # Safety
 /// `logits` holds the validated rows (writable with `mask_in_place`);
@@ -1096,7 +1096,9 @@ pub(crate) unsafe fn logits_to_slab(
     mask_in_place: bool,
 ) -> Result<bool> {
     let kernels = radix_kernels(dev)?;
-    let masks = mask_in_place && kernels.masks_in_place(route, rows, max_k);
+    let masks = mask_in_place
+        && kernels.can_mask_in_place(route, rows)
+        && kernels.mask_in_place_pays(rows, max_k);
     let mode = if masks {
         MODE_SLAB | MODE_MASK
     } else {
@@ -1117,7 +1119,7 @@ pub(crate) unsafe fn logits_to_slab(
     };
     // SAFETY: the caller's contract; the plan is never cooperative for
     // logits (no workspace), and masks only on the route and rows that
-    // `masks_in_place` accepts.
+    // `can_mask_in_place` accepts (`plan` checks).
     unsafe { launch_radix(stream, &plan, p, [0; 4]) }?;
     Ok(masks)
 }
@@ -1134,36 +1136,40 @@ struct RadixPlan {
 }
 
 impl RadixKernels {
-    /// Whether the select of `route` over `rows` of logits whose `top_k`
-    /// are at most `max_k` masks them in place ([`MODE_MASK`]). It can on
-    /// the filter route of one CTA a row, in the modules whose filter
-    /// kernel stages its rounds in shared memory (where the row's bitmap
-    /// goes), `vocab` at most [`FILTER_MASK_MAX_VOCAB`]; it does where
-    /// that measured faster than the separate apply pass (H100, session
-    /// 41): a top-k of at most [`FILTER_SMALL_MAX_K`] (the cut then drops
-    /// few slab entries, each written on its own afterwards: at `k = 1000`
-    /// those writes cost more than the pass they save), and rows that fit
-    /// one wave of filter CTAs, or rows whose fixed time in the cost model
-    /// exceeds their streaming time (the select is then compute-bound and
-    /// the writes overlap it; V = 32000 gained 3 to 10 % at B = 512 and
-    /// 1024, V >= 128256 lost 1 to 9 %).
-    fn masks_in_place(&self, route: Route, rows: &Rows, max_k: u32) -> bool {
-        let one_wave = (rows.batch as u64)
-            <= u64::from(self.caps.sm_count) * u64::from(self.caps.filter_ctas_per_sm);
-        let compute_bound = rows.vocab as f64 * FILTER_US_PER_ELEM <= FILTER_FIXED_US;
+    /// Whether the select of `route` over `rows` of logits can mask them in
+    /// place ([`MODE_MASK`]): the filter route of one CTA a row, in the
+    /// modules whose filter kernel stages its rounds in shared memory
+    /// (where the row's bitmap goes), `vocab` at most
+    /// [`FILTER_MASK_MAX_VOCAB`]. The launch contract; [`RadixKernels::plan`]
+    /// rejects [`MODE_MASK`] elsewhere.
+    fn can_mask_in_place(&self, route: Route, rows: &Rows) -> bool {
         route == Route::Filter
             && self.filter_cap > 0
             && self.filter_staged
             && rows.vocab <= FILTER_MASK_MAX_VOCAB as usize
-            && max_k <= FILTER_SMALL_MAX_K
-            && (one_wave || compute_bound)
+    }
+
+    /// Whether masking in place pays for `rows` whose `top_k` are at most
+    /// `max_k` on the filter route, as measured against the separate apply
+    /// pass (H100, session 41): a top-k of at most [`FILTER_SMALL_MAX_K`]
+    /// (the cut then drops few slab entries, each written on its own
+    /// afterwards: at `k = 1000` those writes cost more than the pass they
+    /// save), and rows that fit one wave of filter CTAs, or rows whose
+    /// fixed time in the cost model exceeds their streaming time (the
+    /// select is then compute-bound and the writes overlap it; V = 32000
+    /// gained 3 to 10 % at B = 512 and 1024, V >= 128256 lost 1 to 9 %).
+    fn mask_in_place_pays(&self, rows: &Rows, max_k: u32) -> bool {
+        let one_wave = (rows.batch as u64)
+            <= u64::from(self.caps.sm_count) * u64::from(self.caps.filter_ctas_per_sm);
+        let compute_bound = rows.vocab as f64 * FILTER_US_PER_ELEM <= FILTER_FIXED_US;
+        max_k <= FILTER_SMALL_MAX_K && (one_wave || compute_bound)
     }
 
     /// The launch of `route` over `input` for `rows` whose `top_k` are at
     /// most `max_k`, writing `mode`; rejects `max_k > SLAB`, the pivot
     /// route, routes the GPU cannot run, the cooperative route for logits,
-    /// and [`MODE_MASK`] where [`RadixKernels::masks_in_place`] does not
-    /// hold.
+    /// and [`MODE_MASK`] where [`RadixKernels::can_mask_in_place`] does
+    /// not hold.
     fn plan(
         &self,
         route: Route,
@@ -1176,7 +1182,7 @@ impl RadixKernels {
             return Err(param("top_k", max_k));
         }
         if mode & MODE_MASK != 0
-            && !(input == RadixInput::Logits && self.masks_in_place(route, rows, max_k))
+            && !(input == RadixInput::Logits && self.can_mask_in_place(route, rows))
         {
             return Err(param("mode", mode));
         }
