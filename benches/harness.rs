@@ -69,6 +69,26 @@ pub fn time_us_joined(
     Ok(median(times))
 }
 
+/// Host time to submit one call of `f(i)`, in microseconds: `calls` calls
+/// issued back to back with no synchronisation between them, timed on the
+/// host's clock (few enough that the launch queue never fills), then the
+/// stream drained. When it exceeds the per-call time of [`time_us`], the
+/// stream-launched figure is the host's launch cost, not the GPU's.
+pub fn host_us(
+    stream: &Arc<CudaStream>,
+    calls: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    stream.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for i in 0..calls {
+        f(i)?;
+    }
+    let host = t0.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
+    stream.synchronize()?;
+    Ok(host)
+}
+
 /// Median over `reps` replays of one CUDA graph of the calls `f(0)` to
 /// `f(calls - 1)` ([`CallGraph`]), per call, in microseconds, after
 /// `warmup` replays: how an engine that captures its decoding step runs a

@@ -54,7 +54,7 @@ fn main() -> Result<()> {
     .ok();
     writeln!(
         table,
-        "| case | floor us | kernel us | graph us | ratio | target us | ok | PyTorch same run |\n|---|---|---|---|---|---|---|---|"
+        "| case | floor us | kernel us | graph us | host us | ratio | target us | ok | PyTorch same run |\n|---|---|---|---|---|---|---|---|---|"
     )
     .ok();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -103,12 +103,15 @@ fn main() -> Result<()> {
                 let t = time_us(&stream, 5, 9, &mut call)?;
                 // The same calls replayed from a graph (every copy once).
                 let tg = harness::time_us_graph(&stream, copies.max(20), 2, 5, &mut call)?;
+                // The host's cost of one call (the stream-launched figure
+                // cannot be below it).
+                let th = harness::host_us(&stream, 64, &mut call)?;
                 let ok = t <= target;
                 failures += usize::from(!ok);
                 let case = format!("sampling_from_logits f32 B={batch} V={vocab}");
                 writeln!(
                     table,
-                    "| {case}{kind} | {floor:.1} | {t:.1} | {tg:.1} | {:.2} | {target:.1} | {} | {} |",
+                    "| {case}{kind} | {floor:.1} | {t:.1} | {tg:.1} | {th:.1} | {:.2} | {target:.1} | {} | {} |",
                     t / floor,
                     if ok { "yes" } else { "NO" },
                     if kind.is_empty() {
@@ -119,7 +122,7 @@ fn main() -> Result<()> {
                 )
                 .ok();
                 println!(
-                    "B={batch} V={vocab}{kind}: sampling {t:.1} us, graph {tg:.1} us (floor {floor:.1})"
+                    "B={batch} V={vocab}{kind}: sampling {t:.1} us, graph {tg:.1} us, host {th:.1} us a call (floor {floor:.1})"
                 );
                 if !kind.is_empty() {
                     continue;
@@ -140,7 +143,7 @@ fn main() -> Result<()> {
                 let case = format!("softmax f32 B={batch} V={vocab}");
                 writeln!(
                     table,
-                    "| {case} | {sfloor:.1} | {ts:.1} | - | {:.2} | - | - | {} |",
+                    "| {case} | {sfloor:.1} | {ts:.1} | - | - | {:.2} | - | - | {} |",
                     ts / sfloor,
                     refs.case(&case)
                 )
