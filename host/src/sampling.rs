@@ -10,7 +10,7 @@ use flashsample_kernels::params::{
     ROW_THREADS, RowSplit, SAMPLING_BLOCKS_PER_SM, SAMPLING_SMEM_BYTES, sampling_seeded,
 };
 
-use crate::device::Device;
+use crate::device::{Device, kernel_arg};
 use crate::error::{Result, param, shape};
 use crate::rows::{DType, LogitElem, RowParams, Rows, SplitArg, split_for_batch, split_for_vocab};
 use crate::topk_topp::TopkToppRoute;
@@ -289,22 +289,33 @@ impl Device {
         };
         let (m, _g1) = ws.keys.device_ptr_mut(stream);
         let (c, _g2) = ws.counters.device_ptr_mut(stream);
-        let arg = SplitArg(split);
-        let mut b = stream.launch_builder(func);
-        b.arg(&raw.logits)
-            .arg(&raw.temperature)
-            .arg(&raw.seed)
-            .arg(&raw.offset)
-            .arg(&raw.tokens)
-            .arg(&raw.valid)
-            .arg(&m)
-            .arg(&c)
-            .arg(&arg);
+        let mut args = [
+            kernel_arg(&raw.logits),
+            kernel_arg(&raw.temperature),
+            kernel_arg(&raw.seed),
+            kernel_arg(&raw.offset),
+            kernel_arg(&raw.tokens),
+            kernel_arg(&raw.valid),
+            kernel_arg(&m),
+            kernel_arg(&c),
+            // `RowSplit` is `#[repr(C)]` and passed by value.
+            kernel_arg(&split),
+        ];
         // SAFETY: the argument list matches `sampling_from_logits_*`'s
         // signature; the caller guarantees the buffers (validated sizes and
         // alignment above); the workspace holds batch zeroed maxima and
-        // tickets; ctas_per_row <= ROW_THREADS by the split.
-        unsafe { b.launch(sampling_launch(&split, seeded)) }?;
+        // tickets; ctas_per_row <= ROW_THREADS by the split. The kernels
+        // wait in `griddepcontrol.wait` before any read, so they may start
+        // while the stream's previous kernel drains.
+        unsafe {
+            self.launch_pass(
+                stream,
+                func,
+                sampling_launch(&split, seeded),
+                true,
+                &mut args,
+            )
+        }?;
         Ok(())
     }
 

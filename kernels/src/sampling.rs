@@ -21,7 +21,12 @@
 //! per row, each block's thread 0 folds the block's best key into
 //! `keys[row]` (an atomic maximum) and takes an acq_rel ticket on
 //! `counters[row]`; the last one takes the row's key, writes the token and
-//! resets both words to 0.
+//! resets both words to 0. Every thread first executes
+//! `griddepcontrol.wait`, so on sm_90 the host may launch the kernel with a
+//! programmatic dependency on the stream's previous kernel (its blocks
+//! start while that kernel drains and touch no memory before it has
+//! completed). They do not trigger their own dependents early: a trigger at
+//! the start made graph-replayed calls at B = 1 slower (session 43).
 //!
 //! # Safety (caller)
 //! `logits` holds `batch` rows of `split.row_stride` elements with `vocab`
@@ -247,6 +252,8 @@ unsafe fn sampling_from_logits<E: Elem, const SEEDED: bool, const WIDE: bool>(
     counters: *mut u32,
     split: RowSplit,
 ) {
+    // Before any memory access (see the module docs' launch section).
+    arch::griddepcontrol_wait();
     let tid = arch::thread_idx_x();
     let c = arch::block_idx_x();
     let row = arch::block_idx_y();
