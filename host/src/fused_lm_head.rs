@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    LaunchConfig, ValidAsZeroBits,
 };
 use flashsample_kernels::params::{
     FUSED_BLOCK_V, FUSED_MAX_STRIDE, FUSED_PARTIAL_WORDS, FUSED_WS_THREADS, FusedParams, TensorMap,
@@ -15,7 +15,7 @@ use flashsample_kernels::params::{
 };
 use flashsample_kernels::sample::MAX_VOCAB;
 
-use crate::device::{Device, SmemPerSm};
+use crate::device::{Device, SmemPerSm, kernel_arg};
 use crate::error::{Error, Result, param, shape};
 use crate::rows::RowParams;
 use crate::sampling::Workspace;
@@ -446,8 +446,10 @@ impl Device {
         let p = whole.params(&shape, bias.is_some(), whole.tiles, 0);
         ws.reserve(stream, partial_words(shape.batch, whole.tiles), 1)?;
         let (part, _g) = ws.partial_mut().device_ptr_mut(stream);
-        self.launch_fused_tiles(stream, &input, &p, part, 0, Slot::ALONE)?;
-        self.launch_fused_finish(stream, part, &p, out)
+        // One device, one stream: both launches may start while the
+        // kernel before them drains (each waits for it before any access).
+        self.launch_fused_tiles(stream, &input, &p, part, 0, Slot::ALONE, true)?;
+        self.launch_fused_finish(stream, part, &p, out, true)
     }
 
     /// Rejects an input whose shape (`shape.vocab`: the rows it holds),
@@ -483,10 +485,13 @@ impl Device {
     /// Launches `fused_sample_*` for `input` on `stream` with parameters
     /// `p`, writing the partials to `partial` (and to the `p.peers` buffers
     /// whose addresses `peer_table` holds), its grid sized for its `slot`
-    /// among the launches running on the device at once.
+    /// among the launches running on the device at once; with `dependent`,
+    /// through a programmatic dependency on the stream's previous kernel
+    /// ([`Device::launch_pass`]).
     ///
     /// The caller has checked `input` ([`Device::check_head_input`] with
     /// `p`'s shape) and sized every partial buffer for `p`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_fused_tiles<T: HeadElem>(
         &self,
         stream: &Arc<CudaStream>,
@@ -495,6 +500,7 @@ impl Device {
         partial: CUdeviceptr,
         peer_table: CUdeviceptr,
         slot: Slot,
+        dependent: bool,
     ) -> Result<()> {
         let batch = p.batch as usize;
         let (h, _g1) = input.hidden.device_ptr(stream);
@@ -531,7 +537,6 @@ impl Device {
         let (t, _g4) = params.temperature.device_ptr(stream);
         let (s, _g5) = params.seed.device_ptr(stream);
         let (o, _g6) = params.offset.device_ptr(stream);
-        let arg = FusedArg(*p);
         // The warp-specialised kernels read the hidden states (boxes of the
         // batch tile's rows) and the launch's LM-head rows (boxes of a
         // step's tiles) through tensor maps.
@@ -544,18 +549,21 @@ impl Device {
         } else {
             None
         };
-        let mut l = stream.launch_builder(func);
-        match &maps {
-            Some((hm, wm)) => l.arg(hm).arg(wm),
-            None => l.arg(&h).arg(&w),
-        };
-        l.arg(&b)
-            .arg(&t)
-            .arg(&s)
-            .arg(&o)
-            .arg(&partial)
-            .arg(&peer_table)
-            .arg(&arg);
+        let mut args = match &maps {
+            Some((hm, wm)) => [kernel_arg(hm), kernel_arg(wm)],
+            None => [kernel_arg(&h), kernel_arg(&w)],
+        }
+        .into_iter()
+        .chain([
+            kernel_arg(&b),
+            kernel_arg(&t),
+            kernel_arg(&s),
+            kernel_arg(&o),
+            kernel_arg(&partial),
+            kernel_arg(&peer_table),
+            kernel_arg(p),
+        ])
+        .collect::<Vec<_>>();
         let cfg = LaunchConfig {
             grid_dim: (batch_tiles, ctas_v, 1),
             block_dim: (tl.threads, 1, 1),
@@ -569,13 +577,15 @@ impl Device {
         // `peers` buffers listed in `peer_table` hold batch * parts
         // partials and are mapped into this context (the caller's
         // contract); the function's dynamic shared memory limit was raised
-        // to tl.smem when the module was loaded.
-        unsafe { l.launch(cfg) }?;
+        // to tl.smem when the module was loaded. The kernels wait in
+        // `griddepcontrol.wait` before any access (`dependent`).
+        unsafe { self.launch_pass(stream, func, cfg, dependent, &mut args) }?;
         Ok(())
     }
 
     /// Launches `fused_sample_finish` on `stream`: folds the `p.parts`
-    /// partials of each row in `partial` into `out`.
+    /// partials of each row in `partial` into `out` (with `dependent`, as
+    /// [`Device::launch_fused_tiles`]).
     ///
     /// The caller has checked `out` for `p.batch` rows and ordered the
     /// launches that wrote every part before this one.
@@ -585,19 +595,20 @@ impl Device {
         partial: CUdeviceptr,
         p: &FusedParams,
         out: &mut FusedOutput,
+        dependent: bool,
     ) -> Result<()> {
         let (tok, _g1) = out.tokens.device_ptr_mut(stream);
         let (val, _g2) = out.valid.device_ptr_mut(stream);
         let (lse, _g3) = out.log_normalizer.device_ptr_mut(stream);
         let (lp, _g4) = out.logprob.device_ptr_mut(stream);
-        let arg = FusedArg(*p);
-        let mut l = stream.launch_builder(&self.kernels().fused_finish);
-        l.arg(&partial)
-            .arg(&tok)
-            .arg(&val)
-            .arg(&lse)
-            .arg(&lp)
-            .arg(&arg);
+        let mut args = [
+            kernel_arg(&partial),
+            kernel_arg(&tok),
+            kernel_arg(&val),
+            kernel_arg(&lse),
+            kernel_arg(&lp),
+            kernel_arg(p),
+        ];
         let cfg = LaunchConfig {
             grid_dim: (p.batch, 1, 1),
             block_dim: (256, 1, 1),
@@ -606,21 +617,22 @@ impl Device {
         // SAFETY: matches `fused_sample_finish`; `partial` holds batch *
         // parts partials, all written by launches ordered before this one
         // (the caller's contract); outputs hold batch rows.
-        unsafe { l.launch(cfg) }?;
+        unsafe {
+            self.launch_pass(
+                stream,
+                &self.kernels().fused_finish,
+                cfg,
+                dependent,
+                &mut args,
+            )
+        }?;
         Ok(())
     }
 }
 
-/// Kernel-argument wrapper of [`FusedParams`] (passed by value).
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-struct FusedArg(FusedParams);
-
-// SAFETY: `FusedParams` is `#[repr(C)]` plain data pinned by const asserts
-// in the kernels crate; the kernels take it by value.
-unsafe impl DeviceRepr for FusedArg {}
-
-const _: () = assert!(std::mem::size_of::<FusedArg>() == 48);
+// The fused kernels take `FusedParams` by value (`#[repr(C)]`, pinned by
+// const asserts in the kernels crate).
+const _: () = assert!(std::mem::size_of::<FusedParams>() == 48);
 
 /// Raises the dynamic shared memory limit of the fused kernels (they use
 /// more than the default 48 KiB).

@@ -728,13 +728,14 @@ impl OneDevice {
                     index: r as u32,
                     of: n,
                 },
+                false,
             )?;
             join.record(s)?;
         }
         for join in &self.joins {
             stream.wait(join)?;
         }
-        dev.launch_fused_finish(stream, part, &l.finish(), &mut outs[0])
+        dev.launch_fused_finish(stream, part, &l.finish(), &mut outs[0], false)
     }
 }
 
@@ -756,8 +757,15 @@ impl PeerGroup {
             let part = rank.partial.as_ref().map_or(0, |b| b.ptr);
             let (table, _g) = rank.table.device_ptr(&rank.stream);
             let p = l.params(r, input.bias.is_some(), n - 1);
-            rank.device
-                .launch_fused_tiles(&rank.stream, input, &p, part, table, rank.slot)?;
+            rank.device.launch_fused_tiles(
+                &rank.stream,
+                input,
+                &p,
+                part,
+                table,
+                rank.slot,
+                false,
+            )?;
             rank.written.record(&rank.stream)?;
         }
         for (r, out) in outs.iter_mut().enumerate() {
@@ -765,7 +773,7 @@ impl PeerGroup {
             let rank = &self.ranks[r];
             let part = rank.partial.as_ref().map_or(0, |b| b.ptr);
             rank.device
-                .launch_fused_finish(&rank.stream, part, &l.finish(), out)?;
+                .launch_fused_finish(&rank.stream, part, &l.finish(), out, false)?;
             rank.read.record(&rank.stream)?;
         }
         Ok(())
@@ -830,7 +838,7 @@ fn nccl_run<T: HeadElem>(
         let (part, _g) = rank.partial.device_ptr_mut(&rank.stream);
         let p = l.params(rank.comm.rank(), input.bias.is_some(), 0);
         rank.device
-            .launch_fused_tiles(&rank.stream, input, &p, part, 0, Slot::ALONE)?;
+            .launch_fused_tiles(&rank.stream, input, &p, part, 0, Slot::ALONE, false)?;
     }
     // An all-gather of uneven pieces: rank q broadcasts its parts in place
     // into the same words of every rank's buffer. Grouped, so that one
@@ -853,7 +861,7 @@ fn nccl_run<T: HeadElem>(
     for (rank, out) in ranks.iter_mut().zip(outs) {
         let (part, _g) = rank.partial.device_ptr_mut(&rank.stream);
         rank.device
-            .launch_fused_finish(&rank.stream, part, &l.finish(), out)?;
+            .launch_fused_finish(&rank.stream, part, &l.finish(), out, false)?;
     }
     Ok(())
 }

@@ -45,6 +45,15 @@
 //! `params::TensorMap`s of the hidden states and the LM head (passed by
 //! value, 64-byte aligned in parameter space) instead of their addresses.
 //!
+//! Every entry point (and `fused_sample_finish`) first executes
+//! `griddepcontrol.wait`, so on sm_90 the host may launch it with a
+//! programmatic dependency on the stream's previous kernel: its blocks are
+//! dispatched while that kernel drains and touch no memory before it has
+//! completed. The one-device `fused_sample` launches both of its kernels
+//! that way (2.4 to 3.5 us off each back-to-back call on an H100, session
+//! 44); the tensor-parallel launches, ordered by events across streams,
+//! launch plainly.
+//!
 //! # Safety (caller)
 //! `hidden` holds `batch` rows of `hidden_stride` elements (`dim` readable),
 //! `weight` `vocab * dim` elements; both 16-byte aligned with `dim` and
@@ -1597,6 +1606,8 @@ macro_rules! fused_entry {
             peer_partial: *const *mut u64,
             p: FusedParams,
         ) {
+            // Before any memory access (programmatic launch on sm_90).
+            arch::griddepcontrol_wait();
             // SAFETY: forwarded launch contract.
             unsafe {
                 fused_sample::<
@@ -1650,6 +1661,8 @@ macro_rules! fused_ws_entry {
             peer_partial: *const *mut u64,
             p: FusedParams,
         ) {
+            // Before any memory access (programmatic launch on sm_90).
+            arch::griddepcontrol_wait();
             let (h, w): (u64, u64);
             // SAFETY: reads the parameter-space addresses of this entry's
             // first two parameters.
@@ -1725,6 +1738,8 @@ pub unsafe extern "ptx-kernel" fn fused_sample_finish(
     logprob_out: *mut f32,
     p: FusedParams,
 ) {
+    // Before any memory access (programmatic launch on sm_90).
+    arch::griddepcontrol_wait();
     let tid = arch::thread_idx_x();
     let row = arch::block_idx_x();
     let smem = arch::dynamic_shared::<u64>();
