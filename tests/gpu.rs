@@ -932,7 +932,7 @@ fn sanitize_fused_paths() {
         let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::bf16::from_f32);
         check_fused(&head, &got, &mut report);
         coverage.case(&[
-            &common::fused_tile_kernel::<half::bf16>(batch),
+            &common::fused_tile_kernel::<half::bf16>(&dev, batch),
             "fused_sample_finish",
         ]);
     }
@@ -955,7 +955,7 @@ fn sanitize_fused_paths() {
         let got = fused_on_gpu(&dev, &stream, &head, &mut ws, half::f16::from_f32);
         check_fused(&head, &got, &mut report);
         coverage.case(&[
-            &common::fused_tile_kernel::<half::f16>(batch),
+            &common::fused_tile_kernel::<half::f16>(&dev, batch),
             "fused_sample_finish",
         ]);
     }

@@ -739,10 +739,10 @@ fn sanitize_tp_paths() {
         let plan = [(split, true)];
         let kernel = if half16 {
             gpu.check(&problem, f16::from_f32, &plan, &what);
-            common::fused_tile_kernel::<f16>(batch)
+            common::fused_tile_kernel::<f16>(&gpu.dev, batch)
         } else {
             gpu.check(&problem, bf16::from_f32, &plan, &what);
-            common::fused_tile_kernel::<bf16>(batch)
+            common::fused_tile_kernel::<bf16>(&gpu.dev, batch)
         };
         coverage.case(&[&kernel, "fused_sample_finish"]);
     }

@@ -309,12 +309,18 @@ pub fn check_graph_replays<P>(
     );
 }
 
-/// The tile kernel `fused_sample` launches for `batch` rows of `T`
-/// operands (host/src/fused_lm_head.rs): that of the smallest batch tile of
-/// 16, 32, 64 or 128 rows that holds the batch, 128 for larger batches.
-pub fn fused_tile_kernel<T: flashsample::HeadElem>(batch: usize) -> String {
+/// The tile kernel `fused_sample` launches on `dev` for `batch` rows of
+/// `T` operands (host/src/fused_lm_head.rs): that of the smallest batch
+/// tile of 16, 32, 64 or 128 rows that holds the batch, 128 for larger
+/// batches, and at least 64 rows in the sm_90a module.
+pub fn fused_tile_kernel<T: flashsample::HeadElem>(dev: &Device, batch: usize) -> String {
     let dtype = if T::IS_BF16 { "bf16" } else { "f16" };
-    let tile = match batch {
+    let rows = if dev.arch() == "sm_90a" {
+        batch.max(64)
+    } else {
+        batch
+    };
+    let tile = match rows {
         0..=16 => 16,
         17..=32 => 32,
         33..=64 => 64,
