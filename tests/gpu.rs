@@ -750,6 +750,65 @@ fn fused_matches_float64_reference() {
     report.assert_none("fused tokens, log-normalisers and logprobs vs float64 reference");
 }
 
+/// The portable modules on this GPU, where the build embeds them and they
+/// run here: `sm_90` (the kernels and routes of GPUs newer than Hopper:
+/// clusters and programmatic launches, no `wgmma`) and `sm_80` (Ampere's
+/// and Ada's, whose module is the same code: no clusters), each opened
+/// with [`Device::with_module`]. Sampling (one-round, seeded and wide
+/// kernels) and the fused sampler's 16-, 32-, 64- and 128-row tiles against
+/// the float64 reference. The module the GPU picks itself is the other
+/// tests' subject.
+#[test]
+fn portable_modules_match_float64_reference() {
+    const TEST: &str = "portable_modules_match_float64_reference";
+    let Some((dev, _)) = common::gpu(TEST) else {
+        return;
+    };
+    let (major, minor) = dev.context().compute_capability().unwrap();
+    let mut rng = common::rng(TEST);
+    for arch in ["sm_90", "sm_80"] {
+        if arch == dev.arch() || !flashsample::module_runs_on(arch, major, minor) {
+            continue;
+        }
+        if !Device::modules().any(|m| m == arch) {
+            println!(
+                "SKIPPED {TEST} for {arch}: not embedded in this build \
+                 (FLASHSAMPLE_PTX_ARCHES={})",
+                Device::modules().collect::<Vec<_>>().join(",")
+            );
+            continue;
+        }
+        let d = Device::with_module(0, arch).unwrap();
+        assert_eq!(d.arch(), arch);
+        let stream = d.new_stream().unwrap();
+        let mut ws = Workspace::new(&stream).unwrap();
+        let mut report = Mismatches::default();
+        // One-round blocks (small rows), seeded blocks (many rows), wide
+        // blocks (one wave of several rounds).
+        for (vocab, batch) in [(111, 300), (4099, 200), (128_256, 32), (151_936, 300)] {
+            let b = Batch::random(&mut rng, batch, vocab);
+            let d_logits = stream.clone_htod(&b.logits).unwrap();
+            let got = sample_on_gpu(&d, &stream, &d_logits, &b, &mut ws);
+            check_against_reference(&b, &got, &mut report, |r| r.to_vec());
+        }
+        report.assert_none(&format!("{arch}: f32 tokens vs float64 reference"));
+        let mut report = Mismatches::default();
+        for (batch, vocab, dim, bias) in [
+            (3, 300, 64, true),
+            (20, 257, 40, false),
+            (40, 300, 136, true),
+            (70, 300, 24, true),
+            (4, 151_936, 4096, false),
+        ] {
+            let head = Head::random(&mut rng, batch, vocab, dim, bias);
+            let got = fused_on_gpu(&d, &stream, &head, &mut ws, half::bf16::from_f32);
+            check_fused(&head, &got, &mut report);
+        }
+        report.assert_none(&format!("{arch}: fused sampling vs float64 reference"));
+        println!("{TEST}: module {arch} checked");
+    }
+}
+
 /// The fused and the unfused (cuBLAS logits + sampling_from_logits)
 /// pipelines agree on at least 99.9 % of rows for the same seeds; every
 /// disagreement is a near-tie within the f32 bound.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, param};
 use crate::ptx;
 use crate::topk_topp::TopkToppCaps;
 
@@ -113,17 +113,59 @@ pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
     })
 }
 
+/// Whether the embedded module `arch` runs on a GPU of compute capability
+/// `major.minor`: `sm_90a` on 9.0 only, `sm_XY` on X.Y and newer.
+pub fn module_runs_on(arch: &str, major: i32, minor: i32) -> bool {
+    if arch == "sm_90a" {
+        return (major, minor) == (9, 0);
+    }
+    arch.strip_prefix("sm_")
+        .and_then(|cc| cc.parse::<i32>().ok())
+        .is_some_and(|cc| major * 10 + minor >= cc)
+}
+
 impl Device {
     /// Opens GPU `ordinal` (0 for the first). Errors, never panics, when
     /// there is no driver, no such device, or the GPU is too old.
     pub fn new(ordinal: usize) -> Result<Device> {
+        Device::open(ordinal, None)
+    }
+
+    /// Opens GPU `ordinal` with the embedded PTX module `arch` (one of
+    /// [`Device::modules`]) instead of the one its compute capability picks
+    /// ([`arch_for`]): on a Hopper GPU, `"sm_90"` runs the kernels and
+    /// routes of newer GPUs (no `wgmma`) and `"sm_80"` those of Ampere (no
+    /// clusters), which is how the GPU tests cover them. Errors when the
+    /// module is not embedded or does not run on the GPU
+    /// ([`module_runs_on`]).
+    ///
+    /// ```no_run
+    /// let dev = flashsample::Device::with_module(0, "sm_80")?;
+    /// assert_eq!(dev.arch(), "sm_80");
+    /// # Ok::<(), flashsample::Error>(())
+    /// ```
+    pub fn with_module(ordinal: usize, arch: &str) -> Result<Device> {
+        Device::open(ordinal, Some(arch))
+    }
+
+    /// The embedded PTX modules, by architecture (all four unless the build
+    /// was restricted with `FLASHSAMPLE_PTX_ARCHES`, as the GPU bundle's).
+    pub fn modules() -> impl Iterator<Item = &'static str> {
+        ptx::MODULES.iter().map(|(a, _)| *a)
+    }
+
+    fn open(ordinal: usize, module: Option<&str>) -> Result<Device> {
         if !driver_present() {
             return Err(Error::NoDriver);
         }
-        static CACHE: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+        /// Opened devices by ordinal and requested module (`None`: the
+        /// compute capability's).
+        type Opened = Mutex<HashMap<(usize, Option<String>), Device>>;
+        static CACHE: OnceLock<Opened> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
         let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = cache.get(&ordinal) {
+        let key = (ordinal, module.map(str::to_string));
+        if let Some(d) = cache.get(&key) {
             return Ok(d.clone());
         }
         let count = CudaContext::device_count()? as usize;
@@ -138,12 +180,27 @@ impl Device {
         // 15 us per B = 1 sampling call on the H200, 30 times the kernel.
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability()?;
-        let arch = arch_for(major, minor)?;
-        let src = ptx::MODULES
-            .iter()
-            .find(|(a, _)| *a == arch)
-            .map(|(_, s)| *s)
-            .ok_or(Error::UnsupportedArch { major, minor })?;
+        let (arch, src) = match module {
+            None => {
+                let arch = arch_for(major, minor)?;
+                ptx::MODULES
+                    .iter()
+                    .find(|(a, _)| *a == arch)
+                    .copied()
+                    .ok_or(Error::UnsupportedArch { major, minor })?
+            }
+            Some(m) => ptx::MODULES
+                .iter()
+                .find(|(a, _)| *a == m && module_runs_on(a, major, minor))
+                .copied()
+                .ok_or_else(|| {
+                    let embedded: Vec<_> = Device::modules().collect();
+                    param(
+                        "arch",
+                        format_args!("{m} (embedded: {embedded:?}; GPU {major}.{minor})"),
+                    )
+                })?,
+        };
         let module = ctx.load_module(Ptx::from_src(src))?;
         let f = |name: &str| module.load_function(name);
         let kernels = Kernels {
@@ -222,7 +279,7 @@ impl Device {
             topk_topp,
             _module: module,
         }));
-        cache.insert(ordinal, dev.clone());
+        cache.insert(key, dev.clone());
         Ok(dev)
     }
 
@@ -444,6 +501,39 @@ mod tests {
         // All four unless the build was restricted (the GPU bundle's).
         if option_env!("FLASHSAMPLE_PTX_ARCHES").is_none() {
             assert_eq!(ptx::MODULES.len(), 4);
+        }
+    }
+
+    #[test]
+    fn modules_run_on_their_gpus_and_newer() {
+        for (arch, major, minor) in [
+            ("sm_80", 8, 0),
+            ("sm_80", 8, 6),
+            ("sm_80", 9, 0),
+            ("sm_89", 8, 9),
+            ("sm_89", 9, 0),
+            ("sm_90", 9, 0),
+            ("sm_90", 10, 0),
+            ("sm_90a", 9, 0),
+        ] {
+            assert!(
+                module_runs_on(arch, major, minor),
+                "{arch} on {major}.{minor}"
+            );
+        }
+        for (arch, major, minor) in [
+            ("sm_89", 8, 6),
+            ("sm_90", 8, 9),
+            ("sm_90a", 10, 0),
+            ("sm_90a", 8, 9),
+            ("sm_75", 7, 0),
+            ("compute_90", 9, 0),
+            ("", 9, 0),
+        ] {
+            assert!(
+                !module_runs_on(arch, major, minor),
+                "{arch} on {major}.{minor}"
+            );
         }
     }
 }

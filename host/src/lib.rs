@@ -39,7 +39,7 @@ pub mod ptx {
 }
 
 pub use backend::Backend;
-pub use device::{Device, arch_for, driver_present};
+pub use device::{Device, arch_for, driver_present, module_runs_on};
 pub use error::{Error, Result};
 pub use fused_lm_head::{FusedOutput, HeadElem, HeadInput, HeadShape};
 pub use radix_topk::{

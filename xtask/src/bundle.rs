@@ -58,13 +58,17 @@ pub(crate) struct Exe {
 /// bundle.
 const CPU_ONLY_TESTS: &[&str] = &["fuzz", "model", "reference"];
 
-/// The `--arch` whose PTX module the executables embed (default sm_90a,
-/// the H200's) and the `--out` folder (default `default_dir` in the
+/// The `--arch` whose PTX modules the executables embed (default sm_90a,
+/// the H200's; a comma-separated list such as `sm_90a,sm_90,sm_80` adds
+/// the portable modules that `Device::with_module` opens, at about 12 MB of
+/// PTX each) and the `--out` folder (default `default_dir` in the
 /// workspace) of a bundle task.
 pub(crate) fn arch_and_out(opts: &Opts, default_dir: &str) -> Result<(String, PathBuf), String> {
     let arch = opts.last("arch").unwrap_or("sm_90a").to_string();
-    if !crate::ptx::ARCHES.iter().any(|a| a.name == arch) {
-        return Err(format!("unknown --arch {arch}"));
+    for name in arch.split(',') {
+        if !crate::ptx::ARCHES.iter().any(|a| a.name == name) {
+            return Err(format!("unknown --arch {name}"));
+        }
     }
     let out = opts
         .last("out")
@@ -329,7 +333,8 @@ fn artifact(line: &str, kind: Kind) -> Result<Option<Exe>, String> {
 
 /// Copies `<from>/<arch>/*.ptx` to `<to>/<arch>/` for the embedded `arch`.
 fn copy_ptx(from: &Path, only: &str, to: &Path) -> Result<(), String> {
-    for arch in crate::ptx::ARCHES.iter().filter(|a| a.name == only) {
+    let wanted = |name: &str| only.split(',').any(|o| o == name);
+    for arch in crate::ptx::ARCHES.iter().filter(|a| wanted(a.name)) {
         let src = from.join(arch.name).join(build_ptx::PTX_FILE);
         let dir = to.join(arch.name);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

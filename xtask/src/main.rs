@@ -56,7 +56,10 @@ tasks:
       runs the tests and sanitizer on every revision that has them, then
       every revision's benches in turn in the same run (and on request
       Nsight Compute on one kernel of each revision's benches; the
-      script's header lists its steps and variables).
+      script's header lists its steps and variables). --arch takes a
+      comma-separated list of modules to embed: sm_90a,sm_90,sm_80 lets
+      `gpu`'s portable_modules_match_float64_reference run them on Hopper
+      (about 12 MB of PTX each).
   model-bundle [--out DIR] [--arch sm_90a]
       The real-model GPU run (model tests and `generate`, SmolLM2 included)
       cut into parts DIR/p1, p2, ... (default DIR: model-bundle) that each
