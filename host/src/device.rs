@@ -180,27 +180,25 @@ impl Device {
         // 15 us per B = 1 sampling call on the H200, 30 times the kernel.
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability()?;
-        let (arch, src) = match module {
-            None => {
-                let arch = arch_for(major, minor)?;
-                ptx::MODULES
-                    .iter()
-                    .find(|(a, _)| *a == arch)
-                    .copied()
-                    .ok_or(Error::UnsupportedArch { major, minor })?
-            }
-            Some(m) => ptx::MODULES
-                .iter()
-                .find(|(a, _)| *a == m && module_runs_on(a, major, minor))
-                .copied()
-                .ok_or_else(|| {
+        // The compute capability's own module always runs on it.
+        let wanted = match module {
+            Some(m) => m,
+            None => arch_for(major, minor)?,
+        };
+        let (arch, src) = ptx::MODULES
+            .iter()
+            .find(|(a, _)| *a == wanted && module_runs_on(a, major, minor))
+            .copied()
+            .ok_or_else(|| match module {
+                None => Error::UnsupportedArch { major, minor },
+                Some(m) => {
                     let embedded: Vec<_> = Device::modules().collect();
                     param(
                         "arch",
                         format_args!("{m} (embedded: {embedded:?}; GPU {major}.{minor})"),
                     )
-                })?,
-        };
+                }
+            })?;
         let module = ctx.load_module(Ptx::from_src(src))?;
         let f = |name: &str| module.load_function(name);
         let kernels = Kernels {
@@ -532,6 +530,14 @@ mod tests {
         ] {
             assert!(
                 !module_runs_on(arch, major, minor),
+                "{arch} on {major}.{minor}"
+            );
+        }
+        // `Device::open` relies on it: the module a GPU picks runs there.
+        for (major, minor) in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            let arch = arch_for(major, minor).unwrap();
+            assert!(
+                module_runs_on(arch, major, minor),
                 "{arch} on {major}.{minor}"
             );
         }

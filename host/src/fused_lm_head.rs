@@ -559,12 +559,13 @@ impl Device {
         } else {
             None
         };
-        let mut args = match &maps {
-            Some((hm, wm)) => [kernel_arg(hm), kernel_arg(wm)],
-            None => [kernel_arg(&h), kernel_arg(&w)],
-        }
-        .into_iter()
-        .chain([
+        let (head_arg, weight_arg) = match &maps {
+            Some((hm, wm)) => (kernel_arg(hm), kernel_arg(wm)),
+            None => (kernel_arg(&h), kernel_arg(&w)),
+        };
+        let mut args = [
+            head_arg,
+            weight_arg,
             kernel_arg(&b),
             kernel_arg(&t),
             kernel_arg(&s),
@@ -572,8 +573,7 @@ impl Device {
             kernel_arg(&partial),
             kernel_arg(&peer_table),
             kernel_arg(p),
-        ])
-        .collect::<Vec<_>>();
+        ];
         let cfg = LaunchConfig {
             grid_dim: (batch_tiles, ctas_v, 1),
             block_dim: (tl.threads, 1, 1),
@@ -639,10 +639,6 @@ impl Device {
         Ok(())
     }
 }
-
-// The fused kernels take `FusedParams` by value (`#[repr(C)]`, pinned by
-// const asserts in the kernels crate).
-const _: () = assert!(std::mem::size_of::<FusedParams>() == 48);
 
 /// Raises the dynamic shared memory limit of the fused kernels (they use
 /// more than the default 48 KiB).

@@ -50,7 +50,7 @@
 //! programmatic dependency on the stream's previous kernel: its blocks are
 //! dispatched while that kernel drains and touch no memory before it has
 //! completed. The one-device `fused_sample` launches both of its kernels
-//! that way (2.4 to 3.5 us off each back-to-back call on an H100, session
+//! that way (2.2 to 3.3 us off each back-to-back call on an H100, session
 //! 44); the tensor-parallel launches, ordered by events across streams,
 //! launch plainly.
 //!
