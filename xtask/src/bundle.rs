@@ -205,7 +205,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
 /// Writes `<out>.tgz`, the bundle folder gzipped (its top folder named as
 /// `out`), and returns its path.
-fn archive(out: &Path) -> Result<PathBuf, String> {
+pub(crate) fn archive(out: &Path) -> Result<PathBuf, String> {
     let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
         return Err(format!(
             "{}: no parent folder for the archive",
