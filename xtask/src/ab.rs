@@ -38,14 +38,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::bundle::{
-    Exe, Kind, RUN_PRELUDE, arch_and_out, archive, cargo_executables, corpus_subset, dir_size,
-    strip_file, which,
+    Exe, Kind, RUN_PRELUDE, arch_and_out, cargo_executables, corpus_subset, pack, strip_file, which,
 };
 use crate::{Opts, workspace_root};
-
-/// The output's archive must fit through the 64 MiB transfer limit with
-/// room to spare.
-const MAX_BYTES: u64 = 60 * 1024 * 1024;
 
 /// The `run-ab` script; `@REVS@`, `@TESTS@` and `@BENCHES@` become bash
 /// array items, `@PRELUDE@` the bundle's [`RUN_PRELUDE`].
@@ -119,27 +114,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
     corpus_subset(&out.join("data"))?;
     write_run_script(&out.join("run-ab"), &labels, &tests, &benches)?;
 
-    let size = dir_size(&out)?;
-    let archive = archive(&out)?;
-    let packed = std::fs::metadata(&archive)
-        .map_err(|e| format!("reading {}: {e}", archive.display()))?
-        .len();
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    println!(
-        "\nab-bundle {} ({:.1} MiB; {} {:.1} MiB):",
-        out.display(),
-        mib(size),
-        archive.display(),
-        mib(packed)
-    );
+    println!("\nab-bundle {}:", out.display());
     print!("{listing}");
-    if packed > MAX_BYTES {
-        return Err(format!(
-            "the archive is {:.1} MiB, over the {} MiB limit",
-            mib(packed),
-            MAX_BYTES >> 20
-        ));
-    }
+    let archive = pack(&out)?;
     let name = out
         .file_name()
         .map_or("ab-bundle".into(), |n| n.to_string_lossy());

@@ -26,8 +26,8 @@ use std::process::{Command, Stdio};
 
 use crate::{Opts, absolute, build_ptx, cargo, workspace_root};
 
-/// The bundle's archive must fit through the 64 MiB transfer limit with
-/// room to spare.
+/// A bundle's archive (`gpu-bundle`'s and `ab-bundle`'s) must fit through
+/// the 64 MiB transfer limit with room to spare.
 const MAX_BYTES: u64 = 60 * 1024 * 1024;
 
 /// The `run` script; `@TESTS@` and `@BENCHES@` become bash array items,
@@ -171,8 +171,25 @@ pub fn main(args: &[String]) -> Result<(), String> {
             exe.path.display()
         );
     }
-    let size = dir_size(&out)?;
-    let archive = archive(&out)?;
+    let archive = pack(&out)?;
+    let name = out
+        .file_name()
+        .map_or("bundle".into(), |n| n.to_string_lossy());
+    println!(
+        "run it on the GPU machine with: {}/run [tests] [sanitize] [bench]\n\
+         or, from the archive: tar xzf {} -C /tmp && /tmp/{name}/run [tests] [sanitize] [bench]",
+        out.display(),
+        archive.display()
+    );
+    Ok(())
+}
+
+/// Gzips the folder `out` into `<out>.tgz` ([`archive`]), prints both
+/// sizes and fails when the archive is over [`MAX_BYTES`]; returns the
+/// archive's path.
+pub(crate) fn pack(out: &Path) -> Result<PathBuf, String> {
+    let size = dir_size(out)?;
+    let archive = archive(out)?;
     let packed = std::fs::metadata(&archive)
         .map_err(|e| format!("reading {}: {e}", archive.display()))?
         .len();
@@ -186,26 +203,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
     );
     if packed > MAX_BYTES {
         return Err(format!(
-            "the bundle's archive is {:.1} MiB, over the {} MiB limit",
+            "the archive {} is {:.1} MiB, over the {} MiB limit",
+            archive.display(),
             mib(packed),
             MAX_BYTES >> 20
         ));
     }
-    let name = out
-        .file_name()
-        .map_or("bundle".into(), |n| n.to_string_lossy());
-    println!(
-        "run it on the GPU machine with: {}/run [tests] [sanitize] [bench]\n\
-         or, from the archive: tar xzf {} -C /tmp && /tmp/{name}/run [tests] [sanitize] [bench]",
-        out.display(),
-        archive.display()
-    );
-    Ok(())
+    Ok(archive)
 }
 
-/// Writes `<out>.tgz`, the bundle folder gzipped (its top folder named as
-/// `out`), and returns its path.
-pub(crate) fn archive(out: &Path) -> Result<PathBuf, String> {
+/// Writes `<out>.tgz`, the folder gzipped (its top folder named as `out`),
+/// and returns its path.
+fn archive(out: &Path) -> Result<PathBuf, String> {
     let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
         return Err(format!(
             "{}: no parent folder for the archive",
