@@ -45,7 +45,8 @@ tasks:
       cuobjdump and nvdisasm come from PyPI wheels on first use.
   gpu-bundle [--out DIR]
       Build PTX and the release test and bench executables of `flashsample`,
-      and lay them out with a `run` script in DIR (default: bundle).
+      and lay them out with a `run` script in DIR (default: bundle), gzipped
+      into DIR.tgz (what travels; refused above 60 MiB).
   ab-bundle --rev BASE --rev REV [--rev REV ...] [--bench-only REV ...]
             [--test NAME ...] [--bench NAME ...] [--out DIR] [--arch sm_90a]
       Build the named tests and benches (e.g. --test gpu_radix --bench radix)
@@ -56,7 +57,8 @@ tasks:
       runs the tests and sanitizer on every revision that has them, then
       every revision's benches in turn in the same run (and on request
       Nsight Compute on one kernel of each revision's benches; the
-      script's header lists its steps and variables). --arch takes a
+      script's header lists its steps and variables), gzipped into DIR.tgz
+      as gpu-bundle's. --arch takes a
       comma-separated list of modules to embed: sm_90a,sm_90,sm_80 lets
       `gpu`'s portable_modules_match_float64_reference run them on Hopper
       (about 12 MB of PTX each).
