@@ -19,8 +19,8 @@ use std::sync::Arc;
 use common::{Coverage, Mismatches};
 use cudarc::driver::CudaStream;
 use flashsample::kernels::radix_select::{
-    self, FILTER_SMALL_MAX_K, SLAB, composite_bits, composite_index, prob_bits, select_slab,
-    slab_len,
+    self, FILTER_SMALL_MAX_K, SLAB, composite_bits, composite_index, filter_final_fit, prob_bits,
+    select_slab, slab_len,
 };
 use flashsample::kernels::{noise, philox};
 use flashsample::reference::{self, SamplingParams};
@@ -509,6 +509,10 @@ fn radix_matches_float64_reference() {
     let mut ws = RadixWorkspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     let mut rows = 0;
+    // Rows whose gathered keys exceed what their sort takes (a crowded
+    // crossing bucket): the cluster and cooperative routes narrow them by
+    // a local select on the row's first CTA before the sort.
+    let mut narrowed = 0;
     // 10,400 rows, every kind, k in {1, 10, 50, 1000, 1024} (and V, V - 1
     // for V <= 1024), every route of the GPU; one strided shape.
     for (vocab, stride, batch, repeats) in [
@@ -522,10 +526,23 @@ fn radix_matches_float64_reference() {
             let b = Batch::random(&mut rng, batch, vocab, stride);
             check_batch(&dev, &stream, &b, &mut ws, &mut report);
             rows += batch;
+            narrowed += par_map(batch, |r| {
+                let k = slab_len(b.top_k[r], vocab as u32);
+                select_slab(b.row(r), b.top_k[r], 1).gathered > filter_final_fit(k)
+            })
+            .into_iter()
+            .filter(|&n| n)
+            .count();
         }
     }
     assert!(rows >= 10_000);
-    report.assert_none(&format!("radix slab and sampling, {rows} rows"));
+    assert!(
+        narrowed >= 1000,
+        "only {narrowed} rows exercise the gathered keys' narrowing"
+    );
+    report.assert_none(&format!(
+        "radix slab and sampling, {rows} rows ({narrowed} narrowed before the sort)"
+    ));
 }
 
 /// The same rows alone, in batches of every size and position, by every

@@ -1532,9 +1532,23 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                 }
             };
             gather_pass(x, &chunk, smem, threshold);
-            let n = x.end_gather(smem);
+            let mut n = x.end_gather(smem).min(GATHER_CAP);
             if x.rank() == 0 {
-                finish_row(out, smem, row, k, n.min(GATHER_CAP), args.mode);
+                // A crowded crossing bucket leaves up to GATHER_CAP keys
+                // where `k` are needed: a local select narrows them to at
+                // most `fit` before the sort, as the filter route's end
+                // does (sorting 200 to 500 keys cost 2 to 9 us more than
+                // that at k = 50, session 26's `FILTER_DIRECT_KEYS`). Rank 0's
+                // histograms are free after the gather's barrier (no CTA
+                // reads them before the next row's first exchange, which
+                // clears them first), so the select's passes use them on a
+                // parity of their own.
+                let fit = filter_final_fit(k);
+                if n > fit {
+                    let mut p = parity;
+                    n = filter_narrow::<false>(smem, smem.gather(), n, k, fit, 0, &mut p).1;
+                }
+                finish_row(out, smem, row, k, n, args.mode);
             }
             row += arch::grid_dim_y();
         }
@@ -1842,12 +1856,16 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
     }
 }
 
-/// The radix select of the top `k` over the first `n` candidates (the
+/// The radix select of the top `k` over `n` candidate keys at `keys` (the
 /// passes of [`RadixSelect`] until at most `fit` keys lie at or above the
 /// crossing bucket, each a histogram of the candidates still in range and
 /// the block's crossing), then the candidates `>= max(its threshold,
 /// floor)` gathered into the gather buffer (at most [`GATHER_CAP`]: the
 /// select's guarantee). Returns that threshold and the keys gathered.
+/// `keys` is the filter kernel's candidate buffer, or the gather buffer
+/// itself (the end of a cluster row: every round of the compaction then
+/// reads its keys before a barrier and writes after it, so no key is
+/// overwritten before it is read).
 /// In the kernel for any `k` (`SMALL` false) the first pass counts the
 /// digit below the key bits the candidates' least and largest share
 /// ([`RadixSelect::within_bits`]), where the first digit crowds them in a
@@ -1864,6 +1882,7 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
 #[inline(always)]
 unsafe fn filter_narrow<const SMALL: bool>(
     smem: Smem,
+    keys: *const u64,
     n: u32,
     k: u32,
     fit: u32,
@@ -1872,7 +1891,8 @@ unsafe fn filter_narrow<const SMALL: bool>(
 ) -> (u64, u32) {
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
-    let buf = smem.candidates();
+    let buf = keys;
+    let in_place = core::ptr::eq(buf, smem.gather());
     // SAFETY: buffer positions below `n`, gather positions below
     // GATHER_CAP; the count word is zeroed before the first pass's
     // barrier, read after the last barrier.
@@ -1881,11 +1901,11 @@ unsafe fn filter_narrow<const SMALL: bool>(
             core::ptr::write_volatile(smem.ctl(CTL_GATHERED), 0);
         }
         // In the kernel for any `k`: the candidates' least and largest
-        // clean bits, each warp's in the gather buffer's first words (free
-        // until the gather below, after the passes' barriers), read after
-        // the first pass's clearing barrier; the select starts below the
-        // key bits they share.
-        let bounds = smem.gather() as *mut u32;
+        // clean bits, each warp's in its slot of the scan partials (free
+        // until the first pass's crossing, after the pass's barrier), read
+        // after the first pass's clearing barrier; the select starts below
+        // the key bits they share.
+        let bounds = smem.warp_partials() as *mut u32;
         if !SMALL {
             let (mut lo, mut hi) = (u32::MAX, 0u32);
             let mut i = tid;
@@ -1937,6 +1957,12 @@ unsafe fn filter_narrow<const SMALL: bool>(
         while r < rounds {
             let key = if i < n { *buf.add(i as usize) } else { 0 };
             let keep = i < n && key >= threshold;
+            if in_place {
+                // Every thread's key of the round read before any is
+                // written: a position written in this round may be one a
+                // slower warp reads in it (later rounds' lie above).
+                arch::bar_sync();
+            }
             let m = arch::ballot(keep);
             if m != 0 {
                 let mut base = 0;
@@ -1987,7 +2013,16 @@ unsafe fn filter_final<const SMALL: bool>(
             arch::bar_sync();
             n
         } else {
-            filter_narrow::<SMALL>(smem, n, k, filter_final_fit(k), floor, parity).1
+            filter_narrow::<SMALL>(
+                smem,
+                smem.candidates(),
+                n,
+                k,
+                filter_final_fit(k),
+                floor,
+                parity,
+            )
+            .1
         }
     }
 }
@@ -2083,7 +2118,8 @@ unsafe fn filter_round<K: Keys, const SMALL: bool>(
         }
         st.fill = (st.fill + 1) % 3;
         if let Some(fit) = filter_compaction(r, st.rounds, st.count, cap, st.compacted, k, SMALL) {
-            let (threshold, kept) = filter_narrow::<SMALL>(work, st.count, k, fit, st.t, parity);
+            let (threshold, kept) =
+                filter_narrow::<SMALL>(work, work.candidates(), st.count, k, fit, st.t, parity);
             let mut i = tid;
             while i < kept {
                 *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
