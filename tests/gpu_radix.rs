@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::{Coverage, Mismatches};
 use cudarc::driver::CudaStream;
 use flashsample::kernels::radix_select::{
-    self, FILTER_SMALL_MAX_K, SLAB, composite_bits, composite_index, filter_final_fit, prob_bits,
+    self, FILTER_DIRECT_KEYS, FILTER_SMALL_MAX_K, SLAB, composite_bits, composite_index, prob_bits,
     select_slab, slab_len,
 };
 use flashsample::kernels::{noise, philox};
@@ -509,9 +509,10 @@ fn radix_matches_float64_reference() {
     let mut ws = RadixWorkspace::new(&stream).unwrap();
     let mut report = Mismatches::default();
     let mut rows = 0;
-    // Rows whose gathered keys exceed what their sort takes (a crowded
-    // crossing bucket): the cluster and cooperative routes narrow them by
-    // a local select on the row's first CTA before the sort.
+    // Rows of a small `k` whose gathered keys exceed what their sort takes
+    // (a crowded crossing bucket): the cluster and cooperative routes
+    // narrow them by a local select on the row's first CTA before the
+    // sort.
     let mut narrowed = 0;
     // 10,400 rows, every kind, k in {1, 10, 50, 1000, 1024} (and V, V - 1
     // for V <= 1024), every route of the GPU; one strided shape.
@@ -527,8 +528,8 @@ fn radix_matches_float64_reference() {
             check_batch(&dev, &stream, &b, &mut ws, &mut report);
             rows += batch;
             narrowed += par_map(batch, |r| {
-                let k = slab_len(b.top_k[r], vocab as u32);
-                select_slab(b.row(r), b.top_k[r], 1).gathered > filter_final_fit(k)
+                slab_len(b.top_k[r], vocab as u32) <= FILTER_DIRECT_KEYS
+                    && select_slab(b.row(r), b.top_k[r], 1).gathered > FILTER_DIRECT_KEYS
             })
             .into_iter()
             .filter(|&n| n)

@@ -77,14 +77,14 @@ use crate::noise;
 use crate::philox;
 use crate::radix::{f32_from_key, f32_key};
 use crate::radix_select::{
-    BUCKETS, Crossing, FILTER_FIXED_SMEM, FILTER_MASK_MAX_VOCAB, FILTER_ROUND_GROUPS,
-    FILTER_ROUND_VECS, FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM, FILTER_STAGES,
-    FILTER_WORK_BYTES, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM, RADIX_SLICE_BYTES,
-    RADIX_THREADS, RadixArgs, RadixSelect, SLAB, before_draw, composite, composite_bits,
-    composite_index, crossing_in_group, draw_target, filter_compaction, filter_direct,
-    filter_final_fit, filter_pushes, first_digit, fixed_mass, high_word, logit_composite,
-    logit_composite_index, logit_composite_key, prob_bits, prob_logit, seed_by_maxima,
-    seed_threshold, slab_len, top_p_keeps, top_p_threshold,
+    BUCKETS, Crossing, FILTER_DIRECT_KEYS, FILTER_FIXED_SMEM, FILTER_MASK_MAX_VOCAB,
+    FILTER_ROUND_GROUPS, FILTER_ROUND_VECS, FILTER_STAGE_BYTES, FILTER_STAGED_FIXED_SMEM,
+    FILTER_STAGES, FILTER_WORK_BYTES, GATHER_CAP, MODE_SAMPLE, MODE_SLAB, RADIX_FIXED_SMEM,
+    RADIX_SLICE_BYTES, RADIX_THREADS, RadixArgs, RadixSelect, SLAB, before_draw, composite,
+    composite_bits, composite_index, crossing_in_group, draw_target, filter_compaction,
+    filter_direct, filter_final_fit, filter_pushes, first_digit, fixed_mass, high_word,
+    logit_composite, logit_composite_index, logit_composite_key, prob_bits, prob_logit,
+    seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
 
 const THREADS: u32 = RADIX_THREADS;
@@ -1535,18 +1535,30 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
             let mut n = x.end_gather(smem).min(GATHER_CAP);
             if x.rank() == 0 {
                 // A crowded crossing bucket leaves up to GATHER_CAP keys
-                // where `k` are needed: a local select narrows them to at
-                // most `fit` before the sort, as the filter route's end
-                // does (sorting 200 to 500 keys cost 2 to 9 us more than
-                // that at k = 50, session 26's `FILTER_DIRECT_KEYS`). Rank 0's
+                // where `k` are needed. For a small `k` a local select
+                // narrows them to at most FILTER_DIRECT_KEYS before the
+                // sort, as the filter route's end does: the rank sort of
+                // 277 and 474 keys cost 3 and 7 us more than that at
+                // k = 50 (H100, session 45). Not for a large `k`: the
+                // select then saved about 1 us of a sort of 2048 keys, but
+                // cost up to 3 us more where ties crowd the boundary (its
+                // passes go down through the index bits). Rank 0's
                 // histograms are free after the gather's barrier (no CTA
                 // reads them before the next row's first exchange, which
                 // clears them first), so the select's passes use them on a
                 // parity of their own.
-                let fit = filter_final_fit(k);
-                if n > fit {
+                if k <= FILTER_DIRECT_KEYS && !filter_direct(n) {
                     let mut p = parity;
-                    n = filter_narrow::<false>(smem, smem.gather(), n, k, fit, 0, &mut p).1;
+                    n = filter_narrow::<false>(
+                        smem,
+                        smem.gather(),
+                        n,
+                        k,
+                        FILTER_DIRECT_KEYS,
+                        0,
+                        &mut p,
+                    )
+                    .1;
                 }
                 finish_row(out, smem, row, k, n, args.mode);
             }
