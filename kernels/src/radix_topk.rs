@@ -1548,6 +1548,13 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                 // clears them first), so the select's passes use them on a
                 // parity of their own.
                 if k <= FILTER_DIRECT_KEYS && !filter_direct(n) {
+                    // Every thread has read the gather count (`end_gather`)
+                    // before the select zeroes it: without this barrier a
+                    // warp running ahead zeroed it before a slower one read
+                    // it, which then took the other branch (a race of
+                    // 0dba216 that racecheck's serialised warps turned into
+                    // a hang; memcheck and the tests passed).
+                    arch::bar_sync();
                     let mut p = parity;
                     n = filter_narrow::<false>(
                         smem,
