@@ -1551,9 +1551,10 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                     // Every thread has read the gather count (`end_gather`)
                     // before the select zeroes it: without this barrier a
                     // warp running ahead zeroed it before a slower one read
-                    // it, which then took the other branch (a race of
-                    // 0dba216 that racecheck's serialised warps turned into
-                    // a hang; memcheck and the tests passed).
+                    // it, which then took the other branch (a race of the
+                    // first form, session 45, that racecheck's serialised
+                    // warps turned into a hang; memcheck and the tests
+                    // passed).
                     arch::bar_sync();
                     let mut p = parity;
                     n = filter_narrow::<false>(
@@ -1875,13 +1876,13 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
     }
 }
 
-/// The radix select of the top `k` over `n` candidate keys at `keys` (the
+/// The radix select of the top `k` over `n` candidate keys at `buf` (the
 /// passes of [`RadixSelect`] until at most `fit` keys lie at or above the
 /// crossing bucket, each a histogram of the candidates still in range and
 /// the block's crossing), then the candidates `>= max(its threshold,
 /// floor)` gathered into the gather buffer (at most [`GATHER_CAP`]: the
 /// select's guarantee). Returns that threshold and the keys gathered.
-/// `keys` is the filter kernel's candidate buffer, or the gather buffer
+/// `buf` is the filter kernel's candidate buffer, or the gather buffer
 /// itself (the end of a cluster row: every round of the compaction then
 /// reads its keys before a barrier and writes after it, so no key is
 /// overwritten before it is read).
@@ -1901,7 +1902,7 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
 #[inline(always)]
 unsafe fn filter_narrow<const SMALL: bool>(
     smem: Smem,
-    keys: *const u64,
+    buf: *const u64,
     n: u32,
     k: u32,
     fit: u32,
@@ -1910,7 +1911,6 @@ unsafe fn filter_narrow<const SMALL: bool>(
 ) -> (u64, u32) {
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
-    let buf = keys;
     let in_place = core::ptr::eq(buf, smem.gather());
     // SAFETY: buffer positions below `n`, gather positions below
     // GATHER_CAP; the count word is zeroed before the first pass's
