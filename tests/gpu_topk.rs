@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{Coverage, DISTS, Dist, Mismatches};
 use cudarc::driver::{CudaSlice, CudaStream};
 use flashsample::kernels::params::TopkToppLayout;
-use flashsample::kernels::radix_select::FILTER_SMALL_MAX_K;
+use flashsample::kernels::radix_select::{self, FILTER_DIRECT_KEYS, FILTER_SMALL_MAX_K};
 use flashsample::reference::{self, SamplingParams};
 use flashsample::{
     Device, MAX_FILTER_CLUSTER, Route, Rows, SampleOutput, TopkToppRoute, TruncParams, Workspace,
@@ -1402,6 +1402,25 @@ fn sanitize_topk_paths() {
     // Small top-k on 16-byte aligned rows: the filter select's in-place
     // masking with vector stores.
     slab_batches.push(Batch::random(&mut rng, 6, 20_000).slab_top_k_up_to(&mut rng, 64));
+    // Rows whose gather the cluster kernel's first CTA narrows before the
+    // sort (a top-k of at most FILTER_DIRECT_KEYS, more keys gathered, as
+    // the CPU emulation of its select counts them): the masking form then
+    // writes -inf over the keys the narrowing drops.
+    let mut narrowed = 0;
+    let mut small_k = 0;
+    for b in &slab_batches {
+        let v = b.rows.vocab;
+        for (r, p) in b.params.iter().enumerate() {
+            let row = &b.logits[r * b.rows.row_stride..][..v];
+            if p.top_k <= FILTER_DIRECT_KEYS {
+                small_k += 1;
+                let s = radix_select::select_logit_slab(row, p.top_k, 1);
+                narrowed += usize::from(!radix_select::filter_direct(s.gathered));
+            }
+        }
+    }
+    println!("radix route: {narrowed} of {small_k} rows of top-k <= {FILTER_DIRECT_KEYS} narrowed");
+    assert!(narrowed > 0, "no row of the radix batches is narrowed");
     for b in &slab_batches {
         for &(route, kernel) in &radix_routes {
             ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
@@ -1414,14 +1433,21 @@ fn sanitize_topk_paths() {
             } else {
                 kernel
             };
-            // The apply runs unless the filter route's select masked the
-            // rows in place (small top-k, one wave, sm_90 and newer).
-            coverage.case(&[
-                kernel,
-                "topk_topp_slab_mask_f32",
-                "topk_topp_slab_apply_f32",
-            ]);
-            coverage.case(&[kernel, "topk_topp_slab_sample_f32"]);
+            if kernel == "radix_topk_cluster_logits_f32" {
+                // The cluster route masks and samples in one launch.
+                coverage.case(&["radix_topk_cluster_mask_logits_f32"]);
+                coverage.case(&["radix_topk_cluster_sample_logits_f32"]);
+            } else {
+                // The apply runs unless the filter route's select masked
+                // the rows in place (small top-k, one wave, sm_90 and
+                // newer).
+                coverage.case(&[
+                    kernel,
+                    "topk_topp_slab_mask_f32",
+                    "topk_topp_slab_apply_f32",
+                ]);
+                coverage.case(&[kernel, "topk_topp_slab_sample_f32"]);
+            }
             if route == Route::SingleCta {
                 check_renorm_kept_batch(&dev, &stream, b, &mut ws, &mut report);
                 coverage.case(&[
@@ -1464,6 +1490,9 @@ fn sanitize_topk_paths() {
     coverage.case(&[match strided_route {
         TopkToppRoute::Chunked | TopkToppRoute::Listed { .. } => "topk_topp_apply_f32",
         TopkToppRoute::Cluster { .. } => "topk_topp_cluster_mask_f32",
+        TopkToppRoute::Radix(Route::Cluster { .. } | Route::SingleCta) => {
+            "radix_topk_cluster_mask_logits_f32"
+        }
         TopkToppRoute::Radix(_) => "topk_topp_slab_apply_f32",
     }]);
     // The same strided rows into contiguous probabilities and kept sets.

@@ -543,6 +543,10 @@ struct RadixKernels {
 #[derive(Debug)]
 struct LogitsKernels {
     cluster: Func,
+    /// The cluster kernel's masking and sampling forms
+    /// ([`SelectTail`]).
+    cluster_mask: Func,
+    cluster_sample: Func,
     filter: Func,
     filter_small: Func,
 }
@@ -636,13 +640,22 @@ impl RadixKernels {
         let cluster = get("radix_topk_cluster_f32")?;
         let logits = LogitsKernels {
             cluster: get("radix_topk_cluster_logits_f32")?,
+            cluster_mask: get("radix_topk_cluster_mask_logits_f32")?,
+            cluster_sample: get("radix_topk_cluster_sample_logits_f32")?,
             filter: get("radix_topk_filter_logits_f32")?,
             filter_small: get("radix_topk_filter_small_logits_f32")?,
         };
         let clusters = dev.arch().starts_with("sm_9")
             && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 1;
+        // Every kernel of the cluster route, which share its plans.
+        let cluster_route = [
+            cluster,
+            logits.cluster,
+            logits.cluster_mask,
+            logits.cluster_sample,
+        ];
         if clusters {
-            for f in [cluster, logits.cluster] {
+            for f in cluster_route {
                 // SAFETY: a valid function; 1 allows clusters above the
                 // portable size of 8 where the GPU schedules them (the
                 // occupancy query below says which).
@@ -660,9 +673,13 @@ impl RadixKernels {
         let filter = get("radix_topk_filter_f32")?;
         let filter_small = get("radix_topk_filter_small_f32")?;
         let to_logits = get("radix_probs_to_logits_f32")?;
-        // Every figure below holds for both inputs' kernels (the smaller).
+        // Every figure below holds for all the route's kernels (the least).
         let both = |smem: u32| -> Result<u32> {
-            Ok(occupancy(cluster, smem)?.min(occupancy(logits.cluster, smem)?))
+            let mut n = u32::MAX;
+            for f in cluster_route {
+                n = n.min(occupancy(f, smem)?);
+            }
+            Ok(n)
         };
         // Registers decide how many CTAs fit; they share the shared memory.
         let by_regs = both(RADIX_FIXED_SMEM)?.max(1);
@@ -691,7 +708,7 @@ impl RadixKernels {
                 let at_once = |f: Func| {
                     max_active_clusters(ctx, f.0, c as u32, RADIX_THREADS, smem_budget).unwrap_or(0)
                 };
-                *n = at_once(cluster).min(at_once(logits.cluster));
+                *n = cluster_route.into_iter().map(at_once).min().unwrap_or(0);
             }
         }
         let max_cluster = (1..=MAX_CLUSTER)
@@ -822,6 +839,9 @@ struct RadixPtrs {
     slab_counts: CUdeviceptr,
     tokens: CUdeviceptr,
     valid: CUdeviceptr,
+    min_p: CUdeviceptr,
+    temperature: CUdeviceptr,
+    kept: CUdeviceptr,
 }
 
 /// Where a radix launch writes.
@@ -1033,6 +1053,9 @@ impl Device {
             slab_counts: 0,
             tokens: 0,
             valid: 0,
+            min_p: 0,
+            temperature: 0,
+            kept: 0,
         };
         // Output guards live until after the launch.
         let _out_guards = match target {
@@ -1068,21 +1091,58 @@ impl Device {
     }
 }
 
+/// What the select over logits may finish in its own launch on the
+/// cluster route (the cluster kernel's masking and sampling forms, one CTA
+/// a row included): the pivot sampler's cut of min-p and top-p over each
+/// row's top-k, as the slab kernels make it, then the masking or the
+/// draw.
+#[derive(Clone, Copy)]
+pub(crate) enum SelectTail {
+    /// -inf over every logit outside the row's kept set, the kept counts
+    /// to `kept` (`batch` u32).
+    Mask { kept: CUdeviceptr },
+    /// One draw per row with its `seed` and `offset`, the token and its
+    /// validity to `tokens` and `valid` (`batch` each).
+    Sample {
+        seed: CUdeviceptr,
+        offset: CUdeviceptr,
+        tokens: CUdeviceptr,
+        valid: CUdeviceptr,
+    },
+}
+
+/// What [`logits_to_slab`] left for the caller to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// The slab is written; the cut (and the masking) are still to do.
+    Slab,
+    /// The slab is written and every logit outside it is -inf: the cut
+    /// remains, with -inf over the slab entries it drops.
+    MaskedOutsideSlab,
+    /// The tail is done (no slab written).
+    Complete,
+}
+
 /// The top-k slab of `[batch, vocab]` f32 logits at `logits` (rows
 /// `rows.row_stride` apart; NaN counts as -inf and comes back as -inf) by
 /// the radix `route` ([`RadixInput::Logits`]: not the cooperative one),
 /// for rows with `top_k` at most `max_k` (at most [`SLAB`]): the pivot
-/// sampler's radix route ([`crate::TopkToppRoute::Radix`]). With
-/// `mask_in_place`, where the route's kernel can ([`MODE_MASK`]: the
-/// staged filter route, `vocab` at most [`FILTER_MASK_MAX_VOCAB`]) and
-/// that measured faster than the separate apply pass, it also writes -inf
-/// over every logit outside its row's slab; returns whether it did.
+/// sampler's radix route ([`crate::TopkToppRoute::Radix`]). With a `tail`,
+/// on the cluster route its own launch does it instead
+/// ([`Finished::Complete`]); else a [`SelectTail::Mask`], where the
+/// route's kernel can ([`MODE_MASK`]: the staged filter route, `vocab` at
+/// most [`FILTER_MASK_MAX_VOCAB`]) and that measured faster than the
+/// separate apply pass, also writes -inf over every logit outside its
+/// row's slab ([`Finished::MaskedOutsideSlab`]).
 ///
 /// # Safety
-/// `logits` holds the validated rows (writable with `mask_in_place`);
-/// `top_k` holds `rows.batch` elements; `values` and `indices` hold
-/// `rows.batch * SLAB` elements and `counts` `rows.batch`; all live
-/// buffers of `stream`'s context, not written by other work meanwhile.
+/// `logits` holds the validated rows (writable with a
+/// [`SelectTail::Mask`]); `params` (`top_k`, `top_p`, `min_p`,
+/// `temperature`) hold `rows.batch` elements each, every `top_k` from 1 to
+/// `max_k` and below `vocab`; `values` and `indices` hold `rows.batch *
+/// SLAB` elements and `counts` `rows.batch`; the tail's pointers
+/// `rows.batch` elements; all live buffers of `stream`'s context, not
+/// written by other work meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn logits_to_slab(
     dev: &Device,
@@ -1090,13 +1150,15 @@ pub(crate) unsafe fn logits_to_slab(
     route: Route,
     logits: CUdeviceptr,
     rows: &Rows,
-    top_k: CUdeviceptr,
+    [top_k, top_p, min_p, temperature]: [CUdeviceptr; 4],
     max_k: u32,
     [values, indices, counts]: [CUdeviceptr; 3],
-    mask_in_place: bool,
-) -> Result<bool> {
+    tail: Option<SelectTail>,
+) -> Result<Finished> {
     let kernels = radix_kernels(dev)?;
-    let masks = mask_in_place
+    let cluster_route = matches!(route, Route::Cluster { .. } | Route::SingleCta);
+    let masks = matches!(tail, Some(SelectTail::Mask { .. }))
+        && !cluster_route
         && kernels.can_mask_in_place(route, rows)
         && kernels.mask_in_place_pays(rows, max_k);
     let mode = if masks {
@@ -1104,8 +1166,8 @@ pub(crate) unsafe fn logits_to_slab(
     } else {
         MODE_SLAB
     };
-    let plan = kernels.plan(route, RadixInput::Logits, rows, max_k, mode)?;
-    let p = RadixPtrs {
+    let mut plan = kernels.plan(route, RadixInput::Logits, rows, max_k, mode)?;
+    let mut p = RadixPtrs {
         probs: logits,
         top_k,
         top_p: 0,
@@ -1116,12 +1178,41 @@ pub(crate) unsafe fn logits_to_slab(
         slab_counts: counts,
         tokens: 0,
         valid: 0,
+        min_p: 0,
+        temperature: 0,
+        kept: 0,
+    };
+    let finished = match tail {
+        Some(t) if cluster_route => {
+            (p.top_p, p.min_p, p.temperature) = (top_p, min_p, temperature);
+            plan.func = match t {
+                SelectTail::Mask { kept } => {
+                    p.kept = kept;
+                    kernels.logits.cluster_mask
+                }
+                SelectTail::Sample {
+                    seed,
+                    offset,
+                    tokens,
+                    valid,
+                } => {
+                    (p.seed, p.offset, p.tokens, p.valid) = (seed, offset, tokens, valid);
+                    kernels.logits.cluster_sample
+                }
+            };
+            Finished::Complete
+        }
+        _ if masks => Finished::MaskedOutsideSlab,
+        _ => Finished::Slab,
     };
     // SAFETY: the caller's contract; the plan is never cooperative for
     // logits (no workspace), and masks only on the route and rows that
-    // `can_mask_in_place` accepts (`plan` checks).
+    // `can_mask_in_place` accepts (`plan` checks); the cluster route's
+    // masking and sampling forms take the cluster kernel's plan (the same
+    // launch contract, their occupancy in the caps) with the pointers
+    // they read and write.
     unsafe { launch_radix(stream, &plan, p, [0; 4]) }?;
-    Ok(masks)
+    Ok(finished)
 }
 
 /// A radix launch but its pointers: kernel, launch kind, CTAs per row,
@@ -1310,6 +1401,9 @@ unsafe fn launch_radix(
         &mut p.slab_counts,
         &mut p.tokens,
         &mut p.valid,
+        &mut p.min_p,
+        &mut p.temperature,
+        &mut p.kept,
     ]
     .into_iter()
     .map(|x| x as *mut CUdeviceptr as *mut c_void)

@@ -28,7 +28,7 @@ use flashsample_kernels::radix_select::SLAB;
 
 use crate::device::{Device, kernel_arg, max_active_clusters};
 use crate::error::{Result, param, shape};
-use crate::radix_topk::{self, RadixCaps, Route};
+use crate::radix_topk::{self, Finished, RadixCaps, Route, SelectTail};
 use crate::rows::{RowParams, Rows};
 use crate::sampling::{SampleOutput, Workspace};
 
@@ -745,9 +745,11 @@ enum RadixTail {
 /// The radix route ([`TopkToppRoute::Radix`]): the rows' top-k slab by
 /// the radix select of `route` into the workspace, then a block per row
 /// cutting min-p and top-p from it (`topk_topp_slab_mask_f32` or
-/// `topk_topp_slab_sample_f32`, by `tail`). Returns whether the rows are
-/// masked already (a [`RadixTail::Mask`] `in_place` whose select could
-/// write the rows: `radix_topk::logits_to_slab`); else masking still needs
+/// `topk_topp_slab_sample_f32`, by `tail`); on the cluster route, masking
+/// in place and sampling are the select's launch alone (its masking and
+/// sampling forms: `radix_topk::logits_to_slab`). Returns whether the
+/// rows are masked already (a [`RadixTail::Mask`] `in_place` whose select
+/// could write the rows); else masking still needs
 /// `topk_topp_slab_apply_f32`.
 ///
 /// # Safety
@@ -772,23 +774,50 @@ unsafe fn launch_radix_route(
     }
     let (p, _g) = param_ptrs(stream, params);
     let [values, indices, counts] = slab_ptrs(ws, slab_at, rows.batch);
-    let in_place = matches!(tail, RadixTail::Mask { in_place: true, .. });
+    // Masking in place and sampling; the renormalising and kept-set calls
+    // read the cut and the mass from the workspace.
+    let select_tail = match tail {
+        RadixTail::Mask {
+            kept,
+            with_mass: false,
+            in_place: true,
+        } => Some(SelectTail::Mask { kept }),
+        RadixTail::Mask { .. } => None,
+        RadixTail::Sample {
+            seed,
+            offset,
+            tokens,
+            valid,
+        } => Some(SelectTail::Sample {
+            seed,
+            offset,
+            tokens,
+            valid,
+        }),
+    };
     // SAFETY: the caller's contract (the rows writable for a call that
-    // masks them in place); every row's top_k is at most `bound` (the
-    // parameters' contract), the slab `batch` rows.
-    let masked = unsafe {
+    // masks them in place); every row's top_k is from 1 to `bound` and
+    // below `vocab` (the parameters' contract, `bound` checked), the
+    // parameters, `kept` and the sampling outputs `batch` rows, the slab
+    // `batch` rows.
+    let finished = unsafe {
         radix_topk::logits_to_slab(
             dev,
             stream,
             route,
             logits,
             rows,
-            p.top_k,
+            [p.top_k, p.top_p, p.min_p, p.temperature],
             bound,
             [values, indices, counts],
-            in_place,
+            select_tail,
         )
     }?;
+    let masked = match finished {
+        Finished::Complete => return Ok(matches!(select_tail, Some(SelectTail::Mask { .. }))),
+        Finished::MaskedOutsideSlab => true,
+        Finished::Slab => false,
+    };
     let vocab = rows.vocab as u32;
     let batch = rows.batch as u32;
     let k = dev.kernels();

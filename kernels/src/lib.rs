@@ -101,6 +101,8 @@ pub const ENTRY_POINTS: &[&str] = &[
     "radix_topk_filter_f32",
     "radix_topk_filter_small_f32",
     "radix_topk_cluster_logits_f32",
+    "radix_topk_cluster_mask_logits_f32",
+    "radix_topk_cluster_sample_logits_f32",
     "radix_topk_filter_logits_f32",
     "radix_topk_filter_small_logits_f32",
     "radix_probs_to_logits_f32",

@@ -468,8 +468,30 @@ fn crossing_of(hist: &[u32; BUCKETS as usize], need: u32) -> Crossing {
 /// the bitonic sort. Tests hold the GPU's slab to it bit for bit.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn select_slab(row: &[f32], top_k: u32, ctas: u32) -> CpuSelect {
-    let vocab = row.len().min(crate::sample::MAX_VOCAB as usize) as u32;
-    let key = |j: u32| composite(prob_bits(row[j as usize]), j);
+    select_keys(
+        row.len(),
+        |j| composite(prob_bits(row[j as usize]), j),
+        top_k,
+        ctas,
+    )
+}
+
+/// [`select_slab`] over f32 logits, keyed as the logits kernels key them
+/// ([`logit_composite`] of [`crate::radix::f32_key`]: NaN as -inf): the
+/// slab of `radix_topk_cluster_logits_f32` and how many keys its gather
+/// leaves (more than [`FILTER_DIRECT_KEYS`] for a `top_k` of at most that:
+/// the row's first CTA narrows them before the sort).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn select_logit_slab(row: &[f32], top_k: u32, ctas: u32) -> CpuSelect {
+    let key = |j: u32| logit_composite(crate::radix::f32_key(row[j as usize].to_bits()), j);
+    select_keys(row.len(), key, top_k, ctas)
+}
+
+/// [`select_slab`] over the composite keys `key(j)` of a row of `len`
+/// elements.
+#[cfg(not(target_arch = "nvptx64"))]
+fn select_keys(len: usize, key: impl Fn(u32) -> u64, top_k: u32, ctas: u32) -> CpuSelect {
+    let vocab = len.min(crate::sample::MAX_VOCAB as usize) as u32;
     let k = slab_len(top_k, vocab);
     let chunk = vocab.div_ceil(ctas.max(1)).max(1);
     let mut sel = RadixSelect::new(k);
@@ -1127,6 +1149,35 @@ mod tests {
         // fifth (index bits 18..8; the fourth, index bits 29..19, only
         // splits vocabularies above 2^19).
         assert!([1, 2, 3, 5].iter().all(|&p| passes[p] > 0), "{passes:?}");
+    }
+
+    #[test]
+    fn cpu_logit_select_matches_sorting() {
+        use crate::radix::f32_key;
+        let mut rng = Lcg(12);
+        let mut narrowed = 0;
+        for case in 0..300 {
+            let vocab = [1usize, 3, 111, 1024, 4099, 20_000][case % 6];
+            let kind = rng.below(4);
+            // Logits of either sign, -inf and NaN among them.
+            let r: Vec<f32> = row(&mut rng, kind, vocab)
+                .into_iter()
+                .map(|x| if rng.below(2) == 0 { x } else { -x })
+                .collect();
+            for top_k in [1, 10, 50, 128, 1000, vocab as u32] {
+                let s = select_logit_slab(&r, top_k, 1 + rng.below(8));
+                let mut keys: Vec<u64> = (0..vocab as u32)
+                    .map(|j| logit_composite(f32_key(r[j as usize].to_bits()), j))
+                    .collect();
+                keys.sort_unstable_by(|a, b| b.cmp(a));
+                keys.truncate(slab_len(top_k, vocab as u32) as usize);
+                assert_eq!(s.slab, keys, "V={vocab} kind {kind} k={top_k}");
+                assert!(s.gathered <= GATHER_CAP && s.gathered as usize >= s.slab.len());
+                narrowed += u32::from(top_k <= FILTER_DIRECT_KEYS && !filter_direct(s.gathered));
+            }
+        }
+        // Crowded and tied rows gather more keys than a small top-k needs.
+        assert!(narrowed > 0);
     }
 
     #[test]

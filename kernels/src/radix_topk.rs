@@ -86,6 +86,7 @@ use crate::radix_select::{
     logit_composite, logit_composite_index, logit_composite_key, prob_bits, prob_logit,
     seed_by_maxima, seed_threshold, slab_len, top_p_keeps, top_p_threshold,
 };
+use crate::topk_topp::{CutArrays, read_params, slab_cut, slab_token, store_token};
 
 const THREADS: u32 = RADIX_THREADS;
 const WARPS: u32 = THREADS / 32;
@@ -188,7 +189,9 @@ struct Logits;
 
 /// The key of -inf (and NaN).
 const NEG_INF_KEY: u32 = 0x007f_ffff;
-const _: () = assert!(NEG_INF_KEY == !0xff80_0000u32);
+/// The bits of -inf.
+const NEG_INF_BITS: u32 = 0xff80_0000;
+const _: () = assert!(NEG_INF_KEY == !NEG_INF_BITS && NEG_INF_BITS == f32::NEG_INFINITY.to_bits());
 /// The key of +0.0, whose float also equals -0.0 (key `0x7fff_ffff`).
 const POS_ZERO_KEY: u32 = 0x8000_0000;
 
@@ -1229,13 +1232,26 @@ unsafe fn find_crossing_split(x: &Dsmem, smem: Smem, parity: u32, need: u32) -> 
 /// Pushes every key of the chunk `>= threshold` to the row's gather
 /// buffer, one reservation per warp and group round.
 ///
+/// With `MASK` (the masking form over logits) it also writes -inf over
+/// every element of the chunk below the threshold, in the same loop: one
+/// vector store for a group whose four slots all are.
+///
 /// # Safety
-/// Every thread calls it; at most [`GATHER_CAP`] keys of the row qualify.
+/// Every thread calls it; at most [`GATHER_CAP`] keys of the row qualify;
+/// with `MASK` the chunk's elements are writable and no other thread
+/// reads them.
 #[inline(always)]
-unsafe fn gather_pass<K: Keys, X: Exchange>(x: &X, chunk: &Chunk<K>, smem: Smem, threshold: u64) {
+unsafe fn gather_pass<K: Keys, X: Exchange, const MASK: bool>(
+    x: &X,
+    chunk: &Chunk<K>,
+    smem: Smem,
+    threshold: u64,
+) {
     let lane = arch::thread_idx_x() % 32;
     let lower = (1u32 << lane) - 1;
-    // SAFETY: forwarded; reserved positions stay below GATHER_CAP.
+    // SAFETY: forwarded; reserved positions stay below GATHER_CAP; the
+    // stores go to slots of the chunk (valid), a whole group's to its
+    // aligned vector.
     unsafe {
         chunk.for_each_round(smem, |g, bits| {
             let s = 4 * g;
@@ -1246,6 +1262,21 @@ unsafe fn gather_pass<K: Keys, X: Exchange>(x: &X, chunk: &Chunk<K>, smem: Smem,
                 key(2, bits[2]),
                 key(3, bits[3]),
             ];
+            if MASK {
+                let below = |e: u32| chunk.valid(s + e) && k[e as usize].is_none();
+                let at = (chunk.base as *mut f32).wrapping_add(s as usize);
+                if below(0) && below(1) && below(2) && below(3) {
+                    arch::st_global_v4_u32(at as *mut u32, [NEG_INF_BITS; 4]);
+                } else {
+                    let mut e = 0;
+                    while e < 4 {
+                        if below(e) {
+                            *at.add(e as usize) = f32::NEG_INFINITY;
+                        }
+                        e += 1;
+                    }
+                }
+            }
             let m = [
                 arch::ballot(k[0].is_some()),
                 arch::ballot(k[1].is_some()),
@@ -1305,6 +1336,11 @@ struct Outputs<K: Keys> {
     slab_counts: *mut u32,
     tokens: *mut u32,
     valid: *mut u8,
+    /// The masking and sampling forms over logits: min-p, temperature and
+    /// (masking) the kept counts.
+    min_p: *const f32,
+    temperature: *const f32,
+    kept: *mut u32,
     keys: PhantomData<K>,
 }
 
@@ -1467,14 +1503,7 @@ unsafe fn draw_row<K: Keys>(
 unsafe fn finish_row<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32, n: u32, mode: u32) {
     // SAFETY: forwarded.
     unsafe {
-        // The gathered composites are distinct (each holds its index).
-        if n <= THREADS {
-            block::rank_sort_desc::<3>(smem.gather(), n, THREADS);
-        } else if n <= 2 * THREADS {
-            block::bitonic_sort_desc_regs::<2>(smem.gather(), n, THREADS);
-        } else {
-            block::bitonic_sort_desc_regs::<4>(smem.gather(), n, THREADS);
-        }
+        sort_gathered(smem, n);
         if mode & MODE_SLAB != 0 {
             write_slab(out, smem, row, k);
         }
@@ -1485,17 +1514,116 @@ unsafe fn finish_row<K: Keys>(out: &Outputs<K>, smem: Smem, row: u32, k: u32, n:
     arch::bar_sync();
 }
 
+/// Sorts the `n` gathered keys descending (the total order).
+///
+/// # Safety
+/// Every thread of the CTA calls it; `n <= GATHER_CAP`; the gather buffer
+/// holds `n` keys, written before a block barrier.
+#[inline(always)]
+unsafe fn sort_gathered(smem: Smem, n: u32) {
+    // SAFETY: forwarded. The gathered composites are distinct (each holds
+    // its index).
+    unsafe {
+        if n <= THREADS {
+            block::rank_sort_desc::<3>(smem.gather(), n, THREADS);
+        } else if n <= 2 * THREADS {
+            block::bitonic_sort_desc_regs::<2>(smem.gather(), n, THREADS);
+        } else {
+            block::bitonic_sort_desc_regs::<4>(smem.gather(), n, THREADS);
+        }
+    }
+}
+
+/// The end of row `row` (at `row_ptr`, `vocab` elements) of the masking
+/// (`MASK`) or sampling (`DRAW`) form over logits, on the CTA holding its
+/// `n` gathered keys, sorted: the pivot route's cut of min-p and top-p
+/// over their `k` first ([`slab_cut`], the slab kernels' code: the kept
+/// set and the token of `topk_topp_slab_mask_f32` and
+/// `topk_topp_slab_sample_f32` on the slab this row's select writes), its
+/// order words and masses in the two histograms (free after the gather:
+/// no CTA reads them before the next row's first exchange, which clears
+/// them first), its scans in the warp partials. `MASK`: the kept count to
+/// `kept` and -inf over the gathered keys from it on (the gather pass and
+/// the narrowing's drops wrote -inf over the rest of the row outside the
+/// kept set). `DRAW`: the token and its validity, the block maximum's
+/// scratch in the gather buffer (which the cut has finished reading).
+/// Ends with a block barrier.
+///
+/// # Safety
+/// Every thread of the CTA calls it after [`sort_gathered`]; `k <= n <=
+/// GATHER_CAP`; the parameter pointers hold the row; `MASK`: `kept` and
+/// the row writable, no other thread reading them; `DRAW`: `seed`,
+/// `offset`, `tokens` and `valid` hold the row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn cut_row<K: Keys, const MASK: bool, const DRAW: bool>(
+    out: &Outputs<K>,
+    smem: Smem,
+    row: u32,
+    k: u32,
+    n: u32,
+    vocab: u32,
+    row_ptr: *mut f32,
+) {
+    let tid = arch::thread_idx_x();
+    let buf = smem.gather();
+    let r = row as usize;
+    // SAFETY: gather positions below n; the arrays in rank 0's
+    // histograms (8 KiB each: SLAB u64 and f64) and the scans' in the
+    // warp partials (a u64 a warp) as `slab_cut` asks; the row's indices
+    // below vocab; the draw's scratch (a slot a warp and one more) in the
+    // gather buffer, last read before the cut's first scan barrier.
+    unsafe {
+        let params = read_params(r, out.top_k, out.top_p, out.min_p, out.temperature);
+        let a = CutArrays {
+            order: smem.hist(0) as *mut u64,
+            mass: smem.hist(1) as *mut f64,
+            scratch: smem.warp_partials() as *mut u8,
+        };
+        let entry = |q: u32| {
+            let key = *buf.add(q as usize);
+            (K::bits(key), K::index(key))
+        };
+        let sel = slab_cut(k, entry, params, vocab, a);
+        if MASK {
+            let kept = if sel.valid { sel.ranked } else { 0 };
+            if tid == 0 {
+                *out.kept.add(r) = kept;
+            }
+            let mut q = kept + tid;
+            while q < n {
+                *row_ptr.add(K::index(*buf.add(q as usize)) as usize) = f32::NEG_INFINITY;
+                q += THREADS;
+            }
+        }
+        if DRAW {
+            let draw = CutArrays {
+                scratch: buf as *mut u8,
+                ..a
+            };
+            let token = slab_token(&sel, out.seed.add(r), out.offset.add(r), draw);
+            store_token(out.tokens.add(r), out.valid.add(r), token, vocab);
+        }
+    }
+    arch::bar_sync();
+}
+const _: () =
+    assert!(HIST_BYTES >= SLAB as usize * 8 && WARPS as usize * 8 <= CTL_OFF - SCRATCH_OFF);
+const _: () = assert!(GATHER_CAP > WARPS);
+
 // ---------------------------------------------------------------------------
 // The row loop.
 // ---------------------------------------------------------------------------
 
-/// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`.
+/// Both stages for rows `blockIdx.y, blockIdx.y + gridDim.y, ..`; the
+/// masking (`MASK`) and sampling (`DRAW`) forms over logits end each row
+/// with [`cut_row`] instead of [`finish_row`].
 ///
 /// # Safety
 /// The launch contract in the module docs; control flow depends only on
 /// values every CTA of the row computes alike (uniform).
 #[inline(always)]
-unsafe fn radix_rows<K: Keys, X: Exchange>(
+unsafe fn radix_rows<K: Keys, X: Exchange, const MASK: bool, const DRAW: bool>(
     x: &X,
     probs: *const f32,
     out: &Outputs<K>,
@@ -1531,7 +1659,7 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                     break t;
                 }
             };
-            gather_pass(x, &chunk, smem, threshold);
+            gather_pass::<K, X, MASK>(x, &chunk, smem, threshold);
             let mut n = x.end_gather(smem).min(GATHER_CAP);
             if x.rank() == 0 {
                 // A crowded crossing bucket leaves up to GATHER_CAP keys
@@ -1557,6 +1685,12 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                     // passed).
                     arch::bar_sync();
                     let mut p = parity;
+                    // The masking form: -inf over the keys it drops.
+                    let drop = |key: u64| {
+                        if MASK {
+                            *(row_ptr as *mut f32).add(K::index(key) as usize) = f32::NEG_INFINITY;
+                        }
+                    };
                     n = filter_narrow::<false>(
                         smem,
                         smem.gather(),
@@ -1565,10 +1699,16 @@ unsafe fn radix_rows<K: Keys, X: Exchange>(
                         FILTER_DIRECT_KEYS,
                         0,
                         &mut p,
+                        drop,
                     )
                     .1;
                 }
-                finish_row(out, smem, row, k, n, args.mode);
+                if MASK || DRAW {
+                    sort_gathered(smem, n);
+                    cut_row::<K, MASK, DRAW>(out, smem, row, k, n, args.vocab, row_ptr as *mut f32);
+                } else {
+                    finish_row(out, smem, row, k, n, args.mode);
+                }
             }
             row += arch::grid_dim_y();
         }
@@ -1894,12 +2034,15 @@ unsafe fn filter_seed<K: Keys, const SMALL: bool>(
 /// count a few hundred keys (session 27); that one starts at the first
 /// digit.
 ///
+/// `drop(key)` is called for each key of the buffer it does not gather.
+///
 /// # Safety
 /// Every thread of the block calls it with the same arguments; `n` is at
 /// most the buffer's capacity and at least `k` of its keys are `>=
 /// floor`; `k <= fit <= GATHER_CAP`; the gather count word and the
 /// histograms are free (no thread reads them before the call).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn filter_narrow<const SMALL: bool>(
     smem: Smem,
     buf: *const u64,
@@ -1908,6 +2051,7 @@ unsafe fn filter_narrow<const SMALL: bool>(
     fit: u32,
     floor: u64,
     parity: &mut u32,
+    drop: impl Fn(u64),
 ) -> (u64, u32) {
     let tid = arch::thread_idx_x();
     let lane = tid % 32;
@@ -1976,6 +2120,9 @@ unsafe fn filter_narrow<const SMALL: bool>(
         while r < rounds {
             let key = if i < n { *buf.add(i as usize) } else { 0 };
             let keep = i < n && key >= threshold;
+            if i < n && !keep {
+                drop(key);
+            }
             if in_place {
                 // Every thread's key of the round read before any is
                 // written: a position written in this round may be one a
@@ -2040,6 +2187,7 @@ unsafe fn filter_final<const SMALL: bool>(
                 filter_final_fit(k),
                 floor,
                 parity,
+                |_| {},
             )
             .1
         }
@@ -2137,8 +2285,16 @@ unsafe fn filter_round<K: Keys, const SMALL: bool>(
         }
         st.fill = (st.fill + 1) % 3;
         if let Some(fit) = filter_compaction(r, st.rounds, st.count, cap, st.compacted, k, SMALL) {
-            let (threshold, kept) =
-                filter_narrow::<SMALL>(work, work.candidates(), st.count, k, fit, st.t, parity);
+            let (threshold, kept) = filter_narrow::<SMALL>(
+                work,
+                work.candidates(),
+                st.count,
+                k,
+                fit,
+                st.t,
+                parity,
+                |_| {},
+            );
             let mut i = tid;
             while i < kept {
                 *smem.candidates().add(i as usize) = *work.gather().add(i as usize);
@@ -2592,19 +2748,20 @@ fn global_exchange(ws: [*mut u8; 4]) -> Global {
     }
 }
 
-/// The rows of [`radix_topk_cluster_f32`].
+/// The rows of [`radix_topk_cluster_f32`] and of the logits kernels of
+/// its route (`MASK`, `DRAW`: the masking and sampling forms).
 ///
 /// # Safety
 /// The launch contract.
 #[inline(always)]
-unsafe fn cluster_rows<K: Keys>(
+unsafe fn cluster_rows<K: Keys, const MASK: bool, const DRAW: bool>(
     ws: [*mut u8; 4],
     probs: *const f32,
     out: &Outputs<K>,
     args: &RadixArgs,
 ) {
     // SAFETY: forwarded.
-    unsafe { radix_rows(&cluster_exchange(ws), probs, out, args) }
+    unsafe { radix_rows::<K, _, MASK, DRAW>(&cluster_exchange(ws), probs, out, args) }
 }
 
 /// The rows of [`radix_topk_filter_f32`]: any `k`.
@@ -2650,11 +2807,11 @@ unsafe fn coop_rows<K: Keys>(
     args: &RadixArgs,
 ) {
     // SAFETY: forwarded.
-    unsafe { radix_rows(&global_exchange(ws), probs, out, args) }
+    unsafe { radix_rows::<K, _, false, false>(&global_exchange(ws), probs, out, args) }
 }
 
 macro_rules! radix_entry {
-    ($name:ident, $rows:ident, $keys:ty, $what:literal) => {
+    ($name:ident, $rows:expr, $what:literal) => {
         #[doc = concat!($what, " (see the module docs).")]
         ///
         /// # Launch
@@ -2675,6 +2832,9 @@ macro_rules! radix_entry {
             slab_counts: *mut u32,
             tokens: *mut u32,
             valid: *mut u8,
+            min_p: *const f32,
+            temperature: *const f32,
+            kept: *mut u32,
             ws_hist: *mut u32,
             ws_gather: *mut u64,
             ws_count: *mut u32,
@@ -2691,6 +2851,9 @@ macro_rules! radix_entry {
                 slab_counts,
                 tokens,
                 valid,
+                min_p,
+                temperature,
+                kept,
                 keys: PhantomData,
             };
             let ws = [
@@ -2700,52 +2863,55 @@ macro_rules! radix_entry {
                 ws_barrier as *mut u8,
             ];
             // SAFETY: the launch contract.
-            unsafe { $rows::<$keys>(ws, probs, &out, &args) }
+            unsafe { $rows(ws, probs, &out, &args) }
         }
     };
 }
 
 radix_entry!(
     radix_topk_cluster_f32,
-    cluster_rows,
-    Probs,
+    cluster_rows::<Probs, false, false>,
     "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, the CTAs of a row forming a thread block cluster that exchanges through distributed shared memory (sm_90; one CTA per row on older GPUs; the workspace pointers are unused)"
 );
 radix_entry!(
     radix_topk_coop_f32,
-    coop_rows,
-    Probs,
+    coop_rows::<Probs>,
     "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, the CTAs of a row exchanging through the global workspace (`ws_hist`, `ws_gather`, `ws_count`, `ws_barrier`) of a cooperative launch: the multi-CTA fallback of GPUs without clusters"
 );
 radix_entry!(
     radix_topk_filter_f32,
-    filter_rows_any,
-    Probs,
+    filter_rows_any::<Probs>,
     "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, one CTA per row streaming it once against a running threshold, its candidates in shared memory (the large-batch route; `args.cache_slots` is the candidate buffer's capacity in keys; the workspace pointers are unused)"
 );
 radix_entry!(
     radix_topk_filter_small_f32,
-    filter_rows_small,
-    Probs,
+    filter_rows_small::<Probs>,
     "Top-k slab and / or sparse top-p sampling of `[batch, vocab]` f32 probabilities, as `radix_topk_filter_f32`, for launches whose every `top_k` is at most `FILTER_SMALL_MAX_K`: the first round's seed from each thread's largest element, a late compaction and a row end without a final select where the buffer is short (kept out of `radix_topk_filter_f32`, whose code for larger `k` they made 0.5 to 1.9 us slower on the H200)"
 );
 
 radix_entry!(
     radix_topk_cluster_logits_f32,
-    cluster_rows,
-    Logits,
+    cluster_rows::<Logits, false, false>,
     "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits (`probs` points to them; NaN counts as -inf and comes back as -inf), as `radix_topk_cluster_f32`: the pivot route's top-k (`crate::topk_topp`)"
 );
 radix_entry!(
+    radix_topk_cluster_mask_logits_f32,
+    cluster_rows::<Logits, true, false>,
+    "In-place top-k / top-p / min-p masking of `[batch, vocab]` f32 logits (`probs` points to them, writable; NaN counts as -inf), as `radix_topk_cluster_logits_f32` selects their top-k, in one launch: every element outside a row's kept set becomes -inf (the gather pass writes the elements below its threshold, the row's first CTA the gathered keys outside the set), the kept ones keep their bits, and the kept count goes to `kept`; the cut is `topk_topp_slab_mask_f32`'s over the slab the select would write (`crate::topk_topp::slab_cut`). Reads `top_k`, `top_p`, `min_p`, `temperature` (`batch` each; every `top_k` from 1 to `SLAB` and below `vocab`); `args.mode` and the slab, token and workspace pointers unused"
+);
+radix_entry!(
+    radix_topk_cluster_sample_logits_f32,
+    cluster_rows::<Logits, false, true>,
+    "One draw per row of `[batch, vocab]` f32 logits under top-k / top-p / min-p and temperature, as `radix_topk_cluster_logits_f32` selects their top-k, in one launch: the token and its validity of `topk_topp_slab_sample_f32` over the slab the select would write (`crate::topk_topp::slab_cut`, then its draw with the row's `seed` and `offset`). Reads `top_k` (as the masking form), `top_p`, `min_p`, `temperature`, `seed`, `offset`; writes `tokens`, `valid` (`batch` each); `args.mode`, the slab, `kept` and the workspace pointers unused"
+);
+radix_entry!(
     radix_topk_filter_logits_f32,
-    filter_rows_any,
-    Logits,
+    filter_rows_any::<Logits>,
     "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits, as `radix_topk_cluster_logits_f32`, by the route of `radix_topk_filter_f32`"
 );
 radix_entry!(
     radix_topk_filter_small_logits_f32,
-    filter_rows_small,
-    Logits,
+    filter_rows_small::<Logits>,
     "The top-k slab (`MODE_SLAB` only) of `[batch, vocab]` f32 logits, as `radix_topk_cluster_logits_f32`, by the route of `radix_topk_filter_small_f32`"
 );
 

@@ -1068,7 +1068,7 @@ unsafe fn tie_cut(
 
 /// A row's truncation parameters as the kernel reads them.
 #[derive(Clone, Copy)]
-struct Params {
+pub(crate) struct Params {
     top_k: u32,
     top_p: f32,
     min_p: f32,
@@ -1106,13 +1106,13 @@ const COVERED: u32 = 4;
 
 /// The result of [`select`].
 #[derive(Clone, Copy)]
-struct Selected {
+pub(crate) struct Selected {
     cut: Cut,
     weights: Weights,
-    valid: bool,
+    pub(crate) valid: bool,
     /// Kept ranks when [`ranked_cut`] made the cut (its sorted order and
     /// masses are in shared memory, a list's entries gone), else 0.
-    ranked: u32,
+    pub(crate) ranked: u32,
 }
 
 /// Row `r`'s slots in the workspace (see [`TopkToppLayout`]).
@@ -1925,11 +1925,25 @@ fn order_of(entry: u64) -> u64 {
 
 /// This thread's run of ranks when `n` ranks are spread over the block:
 /// `(first, count)`, thread `t` the `ceil(n / ROW_THREADS)` ranks from
-/// `t` times that (some past `n`).
+/// `t` times that (some past `n`; all of them for a thread from
+/// [`ROW_THREADS`] on, see [`cut_lane`]).
 #[inline(always)]
 fn my_ranks(n: u32) -> (u32, u32) {
     let per = n.div_ceil(ROW_THREADS);
     (arch::thread_idx_x() * per, per)
+}
+
+/// This thread's first position in the ranked cut's loops strided by
+/// [`ROW_THREADS`]: its index, or past every count for a thread from
+/// [`ROW_THREADS`] on. A block larger than [`ROW_THREADS`] (the radix
+/// cluster kernel's, [`slab_cut`]) so runs the cut on its first
+/// [`ROW_THREADS`] threads, the others only at the barriers and in the
+/// scans with nothing to add: the sums are the selection kernels' bit for
+/// bit.
+#[inline(always)]
+fn cut_lane() -> u32 {
+    let tid = arch::thread_idx_x();
+    if tid < ROW_THREADS { tid } else { u32::MAX }
 }
 
 /// The sum, in rank order, of the masses of this thread's run of ranks
@@ -2057,7 +2071,8 @@ unsafe fn sort_cut(
     // SORT_MAX, inside the room (const assert); the sorts start and end
     // with a block barrier.
     unsafe {
-        let (order, _) = sorted_arrays(smem);
+        let a = sorted_arrays(smem);
+        let order = a.order;
         let mut q = tid;
         while q < n {
             *order.add(q as usize) = order_of(*order.add(q as usize));
@@ -2076,14 +2091,14 @@ unsafe fn sort_cut(
         } else {
             block::bitonic_sort_desc_regs::<16>(order, n, ROW_THREADS);
         }
-        ranked_cut(n, k, top_p, w, total_mass, smem)
+        ranked_cut(n, k, top_p, w, total_mass, a)
     }
 }
 
 /// The kept prefix of `n` (1 to [`SORT_MAX`]) candidates whose order words
-/// ([`order_of`]) lie sorted descending at the start of the list's room
-/// (rank `r` the `r`-th candidate of the total order): their masses
-/// (weights under `w`) written after [`SORT_MAX`] words, then top-k (`k`)
+/// ([`order_of`]) lie sorted descending in `a.order` (rank `r` the `r`-th
+/// candidate of the total order): their masses (weights under `w`)
+/// written to `a.mass`, then top-k (`k`)
 /// keeps the ranks below `k` and top-p (`top_p`) the ranks whose exclusive
 /// mass, summed in rank order, is below `top_p` times the top-k survivors'
 /// mass (`total_mass`, every min-p survivor's, without top-k; unused with
@@ -2091,9 +2106,9 @@ unsafe fn sort_cut(
 /// rule of [`sort_cut`] and the slab kernels ([`slab_select`]).
 ///
 /// # Safety
-/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
-/// memory; the order words are written and visible to the block (a
-/// barrier since).
+/// As [`block_reduce`], on a block of at least [`ROW_THREADS`] threads
+/// ([`cut_lane`]); `a` as [`CutArrays`] for `n` ranks; the order words
+/// are written and visible to the block (a barrier since).
 #[inline(always)]
 unsafe fn ranked_cut(
     n: u32,
@@ -2101,15 +2116,15 @@ unsafe fn ranked_cut(
     top_p: Option<f32>,
     w: Weights,
     total_mass: f64,
-    smem: *mut u8,
+    a: CutArrays,
 ) -> (Cut, u32) {
-    let tid = arch::thread_idx_x();
-    // SAFETY: ranks below n (at most SORT_MAX) of the arrays, inside the
-    // room (const assert); a barrier between the masses' writes and their
-    // reads; block scans as their contracts.
+    let smem = a.scratch;
+    // SAFETY: ranks below n of the arrays (caller's contract); a barrier
+    // between the masses' writes and their reads; block scans as their
+    // contracts.
     unsafe {
-        let (order, mass) = sorted_arrays(smem);
-        let mut r = tid;
+        let (order, mass) = (a.order, a.mass);
+        let mut r = cut_lane();
         while r < n {
             let key = (*order.add(r as usize) >> 32) as u32;
             *mass.add(r as usize) = f64::from(w.weight(f32::from_bits(f32_from_key(key))));
@@ -2148,17 +2163,33 @@ unsafe fn ranked_cut(
     }
 }
 
-/// The sorted order words and masses of [`ranked_cut`]: the list's room,
-/// its first [`SORT_MAX`] words, then as many masses.
+/// Where [`ranked_cut`] and [`sorted_draw`] work: `order` holds the
+/// sorted order words and `mass` their masses (a slot a rank each), and
+/// `scratch` the block scans' partials (a u64 slot a warp of the block;
+/// [`sorted_draw`] one more). No two overlap.
+#[derive(Clone, Copy)]
+pub(crate) struct CutArrays {
+    pub(crate) order: *mut u64,
+    pub(crate) mass: *mut f64,
+    pub(crate) scratch: *mut u8,
+}
+
+/// The [`CutArrays`] of the selection kernels: the list's room, its first
+/// [`SORT_MAX`] words, then as many masses; the scratch at the start of
+/// the dynamic shared memory (`REDUCE_BYTES`).
 ///
 /// # Safety
 /// `smem` is the selection kernels' dynamic shared memory.
 #[inline(always)]
-unsafe fn sorted_arrays(smem: *mut u8) -> (*mut u64, *mut f64) {
+unsafe fn sorted_arrays(smem: *mut u8) -> CutArrays {
     // SAFETY: inside the list's room (const assert; caller's contract).
     unsafe {
         let order = list_room(smem);
-        (order, order.add(SORT_MAX as usize) as *mut f64)
+        CutArrays {
+            order,
+            mass: order.add(SORT_MAX as usize) as *mut f64,
+            scratch: smem,
+        }
     }
 }
 
@@ -2173,7 +2204,7 @@ unsafe fn sorted_arrays(smem: *mut u8) -> (*mut u64, *mut f64) {
 unsafe fn sorted_mass(kept: u32, smem: *mut u8) -> f64 {
     // SAFETY: ranks below kept (caller's contract); the scan's slots.
     unsafe {
-        let (_, mass) = sorted_arrays(smem);
+        let mass = sorted_arrays(smem).mass;
         block_exclusive_scan_f64(run_mass(mass, my_ranks(kept), kept), smem as *mut f64).1
     }
 }
@@ -2184,15 +2215,16 @@ unsafe fn sorted_mass(kept: u32, smem: *mut u8) -> f64 {
 /// rank when rounding leaves none).
 ///
 /// # Safety
-/// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
-/// memory; [`ranked_cut`] made `kept` (at least 1) ranks there and nothing
-/// has written its arrays since.
+/// As [`ranked_cut`]; [`ranked_cut`] made `kept` (at least 1) ranks in
+/// `a.order` and `a.mass` and nothing has written them since; `a.scratch`
+/// holds a u64 slot a warp and one more.
 #[inline(always)]
-unsafe fn sorted_draw(kept: u32, u: f32, smem: *mut u8) -> u32 {
-    // SAFETY: ranks below kept (at most SORT_MAX) of the arrays; block
-    // scans and reductions as their contracts.
+unsafe fn sorted_draw(kept: u32, u: f32, a: CutArrays) -> u32 {
+    let smem = a.scratch;
+    // SAFETY: ranks below kept of the arrays; block scans and reductions
+    // as their contracts.
     unsafe {
-        let (order, mass) = sorted_arrays(smem);
+        let (order, mass) = (a.order, a.mass);
         let (r0, per) = my_ranks(kept);
         let sum = run_mass(mass, (r0, per), kept);
         let (excl, total) = block_exclusive_scan_f64(sum, smem as *mut f64);
@@ -2265,7 +2297,7 @@ unsafe fn block_exclusive_scan_f64(v: f64, smem: *mut f64) -> (f64, f64) {
 /// # Safety
 /// Each pointer holds at least `r + 1` elements.
 #[inline(always)]
-unsafe fn read_params(
+pub(crate) unsafe fn read_params(
     r: usize,
     top_k: *const u32,
     top_p: *const f32,
@@ -3513,7 +3545,7 @@ unsafe fn sample_row(
         }
         let u = row_uniform(seed, offset);
         if sel.ranked > 0 {
-            let token = sorted_draw(sel.ranked, u, smem);
+            let token = sorted_draw(sel.ranked, u, sorted_arrays(smem));
             store_token(token_out, valid, Some(token), row.n);
             return;
         }
@@ -3572,7 +3604,7 @@ unsafe fn sample_row(
 /// A row's uniform draw in `(0, 1)`: `uniform_open(row_uniform_bits(
 /// seed_key(seed), offset, 0))`.
 #[inline(always)]
-fn row_uniform(seed: u64, offset: u64) -> f32 {
+pub(crate) fn row_uniform(seed: u64, offset: u64) -> f32 {
     noise::uniform_open(philox::row_uniform_bits(philox::seed_key(seed), offset, 0))
 }
 
@@ -3583,7 +3615,7 @@ fn row_uniform(seed: u64, offset: u64) -> f32 {
 /// # Safety
 /// `token_out` and `valid` are writable.
 #[inline(always)]
-unsafe fn store_token(token_out: *mut u32, valid: *mut u8, token: Option<u32>, n: u32) {
+pub(crate) unsafe fn store_token(token_out: *mut u32, valid: *mut u8, token: Option<u32>, n: u32) {
     if arch::thread_idx_x() == 0 {
         // SAFETY: caller's contract.
         unsafe {
@@ -3608,34 +3640,64 @@ struct Slab {
     counts: *const u32,
 }
 
-/// Row `r`'s [`Selected`] from its slab, the very result of [`select`] on
-/// the row's logits when its top-k keeps at most [`RANKED_MAX_K`]: the row
-/// is valid when its slab's first value (its largest logit,
-/// [`RowStats::max`]) is above -inf; its truncation is [`Plan::new`]'s
-/// ([`Truncation::new`] with that value as the maximum); its candidates,
-/// min-p's survivors among the slab's entries (a prefix: min-p keeps a
-/// prefix of the total order, the largest logit always), are written as
-/// order words ([`order_of`]) at the start of the list's room, already
-/// sorted, and [`ranked_cut`] cuts them. A count outside `1 ..=
-/// RANKED_MAX_K` is taken as the nearest bound, so nothing is read or
-/// written out of bounds; a row whose top-k does not cut or keeps more
-/// than its count (both ruled out by the launch contract) is invalid.
+/// Row `r`'s [`Selected`] from its slab ([`slab_cut`] over the slab's
+/// entries, the row's count of them, the selection kernels' arrays).
 ///
 /// # Safety
 /// As [`block_reduce`]; `smem` is the selection kernels' dynamic shared
 /// memory, unused so far; the slab holds row `r`.
 #[inline(always)]
 unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut u8) -> Selected {
-    let tid = arch::thread_idx_x();
     // SAFETY: the slab's entries below RANKED_MAX_K of row r (caller's
-    // contract); the order words below RANKED_MAX_K <= SORT_MAX, inside the
-    // list's room; the scan's barriers between their writes and
-    // `ranked_cut`'s reads; control flow uniform (the first value, the
-    // count and the scan's total are).
+    // contract; `slab_cut` reads below the count it clamps to that).
     unsafe {
         let at = r as usize * RANKED_MAX_K as usize;
         let (values, indices) = (slab.values.add(at), slab.indices.add(at));
-        let max = *values;
+        let entry = |q: u32| {
+            (
+                f32_key((*values.add(q as usize)).to_bits()),
+                *indices.add(q as usize),
+            )
+        };
+        let count = *slab.counts.add(r as usize);
+        slab_cut(count, entry, params, vocab, sorted_arrays(smem))
+    }
+}
+
+/// The [`Selected`] of a row from its top-k in the total order (value
+/// descending, then index ascending): `entry(q)` the key ([`f32_key`], NaN
+/// as -inf's) and index of its `q`-th entry, `count` (1 to
+/// [`RANKED_MAX_K`]) of them, as a radix select finds them (its slab, or
+/// its sorted gather on the radix cluster kernel). The very result of
+/// [`select`] on the row's logits when its top-k keeps at most
+/// [`RANKED_MAX_K`]: the row is valid when its first value (its largest
+/// logit, [`RowStats::max`]) is above -inf; its truncation is
+/// [`Plan::new`]'s ([`Truncation::new`] with that value as the maximum);
+/// its candidates, min-p's survivors among the entries (a prefix: min-p
+/// keeps a prefix of the total order, the largest logit always), are
+/// written as order words ([`order_of`]) to `a.order`, already sorted, and
+/// [`ranked_cut`] cuts them. A count outside `1 ..= RANKED_MAX_K` is taken
+/// as the nearest bound, so nothing is read or written out of bounds; a
+/// row whose top-k does not cut or keeps more than its count (both ruled
+/// out by the launch contracts) is invalid.
+///
+/// # Safety
+/// As [`ranked_cut`] ([`CutArrays`] for [`RANKED_MAX_K`] ranks);
+/// `entry(q)` reads what it reads for `q` below `count` clamped so.
+#[inline(always)]
+pub(crate) unsafe fn slab_cut(
+    count: u32,
+    entry: impl Fn(u32) -> (u32, u32),
+    params: Params,
+    vocab: u32,
+    a: CutArrays,
+) -> Selected {
+    // SAFETY: entries below the clamped count (caller's contract); the
+    // order words below it <= RANKED_MAX_K; the scan's barriers between
+    // their writes and `ranked_cut`'s reads; control flow uniform (the
+    // first value, the count and the scan's total are).
+    unsafe {
+        let max = f32::from_bits(f32_from_key(entry(0).0));
         let Truncation {
             k,
             topk,
@@ -3643,8 +3705,8 @@ unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut
             topp,
             weights: w,
         } = Truncation::new(max, vocab, &row_params(params));
-        let count = (*slab.counts.add(r as usize)).clamp(1, RANKED_MAX_K);
-        // A row whose top-k the slab does not hold (top-k off, or above
+        let count = count.clamp(1, RANKED_MAX_K);
+        // A row whose top-k the entries do not hold (top-k off, or above
         // the count the caller's bound let the select keep) breaks the
         // launch contract: it comes out invalid, never truncated wrongly.
         if max.is_nan() || max == f32::NEG_INFINITY || !topk || k > count {
@@ -3656,27 +3718,52 @@ unsafe fn slab_select(slab: Slab, r: u32, params: Params, vocab: u32, smem: *mut
             };
         }
         let min_key = w.min_p_key();
-        let (order, _) = sorted_arrays(smem);
-        let (mut mine, mut q) = (0u32, tid);
+        let (mut mine, mut q) = (0u32, cut_lane());
         while q < count {
-            let key = f32_key((*values.add(q as usize)).to_bits());
+            let (key, index) = entry(q);
             if key >= min_key {
-                let entry = u64::from(key) | (u64::from(*indices.add(q as usize)) << 32);
-                *order.add(q as usize) = order_of(entry);
+                let e = u64::from(key) | (u64::from(index) << 32);
+                *a.order.add(q as usize) = order_of(e);
                 mine += 1;
             }
             q += ROW_THREADS;
         }
-        let (_, n) = block_exclusive_scan(mine, smem as *mut u32);
+        let (_, n) = block_exclusive_scan(mine, a.scratch as *mut u32);
         // Top-k always cuts here (`top_k` below `vocab`): the candidates'
         // total mass, which only top-p without top-k reads, is not needed.
-        let (cut, ranked) = ranked_cut(n, topk.then_some(k), topp.then_some(top_p), w, 0.0, smem);
+        let (cut, ranked) = ranked_cut(n, topk.then_some(k), topp.then_some(top_p), w, 0.0, a);
         Selected {
             cut,
             weights: w,
             valid: true,
             ranked,
         }
+    }
+}
+
+/// The token of a row whose [`Selected`] is `sel` (of [`slab_cut`], its
+/// ranks in `a`), drawn with `(seed, offset)` as [`topk_topp_sample_f32`]
+/// draws from a ranked cut ([`sorted_draw`], `u = uniform_open(
+/// row_uniform_bits(seed_key(seed), offset, 0))`): `None` for an invalid
+/// row.
+///
+/// # Safety
+/// As [`sorted_draw`], `a.scratch` free once `sel` was made (a block
+/// barrier since its last read); `seed` and `offset` are readable.
+#[inline(always)]
+pub(crate) unsafe fn slab_token(
+    sel: &Selected,
+    seed: *const u64,
+    offset: *const u64,
+    a: CutArrays,
+) -> Option<u32> {
+    if !sel.valid {
+        return None;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        let u = row_uniform(*seed, *offset);
+        Some(sorted_draw(sel.ranked, u, a))
     }
 }
 
@@ -3876,12 +3963,7 @@ pub unsafe extern "ptx-kernel" fn topk_topp_slab_sample_f32(
         let params = read_params(r as usize, top_k, top_p, min_p, temperature);
         let sel = slab_select(slab, r, params, vocab, smem);
         let r = r as usize;
-        let token = if sel.valid {
-            let u = row_uniform(*seed.add(r), *offset.add(r));
-            Some(sorted_draw(sel.ranked, u, smem))
-        } else {
-            None
-        };
+        let token = slab_token(&sel, seed.add(r), offset.add(r), sorted_arrays(smem));
         store_token(tokens.add(r), valid.add(r), token, vocab);
     }
 }
