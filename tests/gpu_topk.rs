@@ -1427,11 +1427,14 @@ fn sanitize_topk_paths() {
     // masking with vector stores.
     slab_batches.push(Batch::random(&mut rng, 6, 20_000).slab_top_k_up_to(&mut rng, 64));
     // Rows whose gather the cluster kernel's first CTA narrows before the
-    // sort (a top-k of at most FILTER_DIRECT_KEYS, more keys gathered, as
-    // the CPU emulation of its select counts them): the masking form then
-    // writes -inf over the keys the narrowing drops.
+    // sort, so that the sanitizers see the masking form's -inf writes over
+    // the keys the narrowing drops: 7 of these 92 rows with this seed
+    // (counted offline, `narrowed_rows`).
     let narrowed: usize = slab_batches.iter().map(narrowed_rows).sum();
-    assert!(narrowed > 0, "no row of the radix batches is narrowed");
+    assert!(
+        narrowed >= 5,
+        "{narrowed} rows of the radix batches narrowed"
+    );
     for b in &slab_batches {
         for &(route, kernel) in &radix_routes {
             ws.force_topk_topp_route(Some(TopkToppRoute::Radix(route)));
