@@ -1157,8 +1157,8 @@ pub(crate) unsafe fn logits_to_slab(
 ) -> Result<Finished> {
     let kernels = radix_kernels(dev)?;
     let cluster_route = matches!(route, Route::Cluster { .. } | Route::SingleCta);
+    // `can_mask_in_place` holds on the filter route only.
     let masks = matches!(tail, Some(SelectTail::Mask { .. }))
-        && !cluster_route
         && kernels.can_mask_in_place(route, rows)
         && kernels.mask_in_place_pays(rows, max_k);
     let mode = if masks {

@@ -56,7 +56,12 @@
 //! readable each; `top_k` holds `batch` elements, and with
 //! [`MODE_SAMPLE`] `top_p`, `seed`, `offset`, `tokens`, `valid` do; with
 //! [`MODE_SLAB`] `slab_values` and `slab_indices` hold `batch * SLAB`
-//! elements and `slab_counts` `batch`; with
+//! elements and `slab_counts` `batch`; the cluster kernel's masking and
+//! sampling forms over logits read `top_p`, `min_p` and `temperature`
+//! (`batch` each, every `top_k` from 1 to `SLAB` and below `vocab`), the
+//! masking form writes `kept` (`batch`) and the rows (writable, read by no
+//! other thread), the sampling form reads `seed`, `offset` and writes
+//! `tokens`, `valid` (`batch` each); with
 //! [`MODE_MASK`](crate::radix_select::MODE_MASK) (the staged filter
 //! kernels over logits, one CTA a row, `vocab` at most
 //! [`FILTER_MASK_MAX_VOCAB`]) the rows at `probs` are writable and no
@@ -1592,7 +1597,7 @@ unsafe fn cut_row<K: Keys, const MASK: bool, const DRAW: bool>(
             }
             let mut q = kept + tid;
             while q < n {
-                *row_ptr.add(K::index(*buf.add(q as usize)) as usize) = f32::NEG_INFINITY;
+                mask_key::<K>(row_ptr, *buf.add(q as usize));
                 q += THREADS;
             }
         }
@@ -1609,6 +1614,17 @@ unsafe fn cut_row<K: Keys, const MASK: bool, const DRAW: bool>(
 }
 const _: () =
     assert!(HIST_BYTES >= SLAB as usize * 8 && WARPS as usize * 8 <= CTL_OFF - SCRATCH_OFF);
+
+/// Writes -inf over the element of the row at `row` that composite key
+/// `key` names (the masking form's writes outside the kept set).
+///
+/// # Safety
+/// The row is writable, its index `K::index(key)` inside it.
+#[inline(always)]
+unsafe fn mask_key<K: Keys>(row: *mut f32, key: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { *row.add(K::index(key) as usize) = f32::NEG_INFINITY };
+}
 const _: () = assert!(GATHER_CAP > WARPS);
 
 // ---------------------------------------------------------------------------
@@ -1688,7 +1704,7 @@ unsafe fn radix_rows<K: Keys, X: Exchange, const MASK: bool, const DRAW: bool>(
                     // The masking form: -inf over the keys it drops.
                     let drop = |key: u64| {
                         if MASK {
-                            *(row_ptr as *mut f32).add(K::index(key) as usize) = f32::NEG_INFINITY;
+                            mask_key::<K>(row_ptr as *mut f32, key);
                         }
                     };
                     n = filter_narrow::<false>(
