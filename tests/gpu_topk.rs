@@ -1082,15 +1082,6 @@ fn topk_cluster_route_matches_the_chunked_passes() {
     report.assert_none("top-k/top-p cluster route against the chunked passes");
 }
 
-/// The radix route (each row's top-k by radix select into a slab, then
-/// min-p and top-p cut from it) gives the chunked passes' results bit for
-/// bit on every radix route the GPU runs, and equals the reference: random
-/// rows (every distribution, ties at k, greedy rows, +-inf, NaN, invalid
-/// rows), rows crowding the first chunk (the passes select from the row)
-/// and heavy-tailed rows (the passes refine their threshold first), top-k
-/// from 1 to 1024 and from 1 to 64 (the filter route's select masks such
-/// rows in place), at V = 111 to 262144. The route refuses calls whose
-/// top-k bound it cannot serve and the cooperative route.
 /// Rows of `b` whose gather the radix cluster kernel's first CTA narrows
 /// before the sort (a top-k of at most `FILTER_DIRECT_KEYS`, more keys
 /// gathered), as the CPU emulation of its select counts them: the masking
@@ -1110,6 +1101,15 @@ fn narrowed_rows(b: &Batch) -> usize {
         .count()
 }
 
+/// The radix route (each row's top-k by radix select into a slab, then
+/// min-p and top-p cut from it) gives the chunked passes' results bit for
+/// bit on every radix route the GPU runs, and equals the reference: random
+/// rows (every distribution, ties at k, greedy rows, +-inf, NaN, invalid
+/// rows), rows crowding the first chunk (the passes select from the row)
+/// and heavy-tailed rows (the passes refine their threshold first), top-k
+/// from 1 to 1024 and from 1 to 64 (the filter route's select masks such
+/// rows in place), at V = 111 to 262144. The route refuses calls whose
+/// top-k bound it cannot serve and the cooperative route.
 #[test]
 fn topk_radix_route_matches_the_chunked_passes() {
     const TEST: &str = "topk_radix_route_matches_the_chunked_passes";
